@@ -1,0 +1,1 @@
+"""ctxproxy: an OpenAI-compatible reverse proxy that manages conversation context."""

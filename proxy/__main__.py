@@ -1,0 +1,74 @@
+"""Command line: `python -m proxy [serve] --config PATH`, `python -m proxy check --config PATH`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from proxy.config import Config, load_config
+from proxy.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m proxy", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    for name, help_text in (
+        ("serve", "start the proxy (the default)"),
+        ("check", "validate a config file and exit"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True, help="path to the YAML config")
+        if name == "serve":
+            p.add_argument("--host", help="override server.host")
+            p.add_argument("--port", type=int, help="override server.port")
+    return parser
+
+
+def _load(path: str) -> Config | None:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return None
+
+
+def serve(config: Config, host: str | None, port: int | None) -> None:
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.logging import configure_logging
+
+    configure_logging(config.logging.level, config.logging.format)
+    uvicorn.run(
+        create_app(config),
+        host=host or config.server.host,
+        port=port or config.server.port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=30,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
+        args.insert(0, "serve")
+    ns = _parser().parse_args(args)
+    config = _load(ns.config)
+    if config is None:
+        return 2
+    if ns.command == "check":
+        print(
+            f"ok: {ns.config}: {len(config.upstreams)} upstream(s), {len(config.routes)} route(s), "
+            f"{len(config.policies)} policies"
+        )
+        return 0
+    serve(config, ns.host, ns.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

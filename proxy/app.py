@@ -1,0 +1,124 @@
+"""create_app(config) -> a Starlette app; the lifespan owns the store and the pools."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from proxy.chat import chat_completions
+from proxy.config import Config
+from proxy.errors import InvalidRequest, NotFound, ProxyError
+from proxy.http import error_response, forward_headers, relay_headers
+from proxy.logging import get_logger
+from proxy.model_info import context_window, offline_environment
+from proxy.runtime import Runtime, build_upstream
+from proxy.store.base import Store
+from proxy.upstream.base import Upstream, UpstreamRequest
+
+log = get_logger()
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request) -> Response:
+    """GET /v1/models[/{id}]: passed through to the upstream that serves that path."""
+    rt: Runtime = request.app.state.runtime
+    route = rt.router.for_path(request.url.path) or next(
+        (r for r in rt.config.routes if rt.config.upstreams[r.upstream].base_url), None
+    )
+    if route is None:
+        raise NotFound("No OpenAI-compatible upstream is configured to list models.")
+    config = rt.config.upstreams[route.upstream]
+    response = await rt.upstreams[route.upstream].send(
+        UpstreamRequest(
+            method="GET",
+            path=request.url.path.removeprefix("/v1"),
+            headers=forward_headers(request.headers.items(), config, rt.config.session.header),
+            query=request.url.query,
+        )
+    )
+    content = await response.read()
+    out = Response(content, status_code=response.status)
+    out.raw_headers = relay_headers(response.headers, {"content-length": str(len(content))})
+    return out
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProxyError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    error: ProxyError
+    if exc.status_code == 404:
+        error = NotFound(f"Unknown path: {request.url.path}")
+    else:
+        error = InvalidRequest(str(exc.detail), status=exc.status_code, code="http_error")
+    return error_response(error, exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # The one boundary where any exception is caught: the client gets OpenAI's
+    # error shape, never a traceback; the log gets the details.
+    log.error("unhandled_error", path=request.url.path, error=repr(exc), exc_info=exc)
+    return error_response(ProxyError("The proxy failed to handle this request."))
+
+
+def create_app(
+    config: Config,
+    *,
+    store: Store | None = None,
+    upstreams: dict[str, Upstream] | None = None,
+) -> Starlette:
+    offline_environment()
+    if store is None:
+        from proxy.store.sqlite import SqliteStore
+
+        store = SqliteStore(config.store.path)
+    runtime = Runtime(
+        config=config,
+        store=store,
+        upstreams=upstreams
+        if upstreams is not None
+        else {name: build_upstream(u) for name, u in config.upstreams.items()},
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        await runtime.store.open()
+        if runtime.rewriter.needs_model_info():
+            # Import litellm's model map now, off the event loop, not on a request.
+            await asyncio.to_thread(context_window, "gpt-4o")
+        log.info("proxy_started", routes=len(config.routes), config=config.source)
+        try:
+            yield {}
+        finally:
+            await runtime.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    return app

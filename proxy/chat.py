@@ -1,0 +1,366 @@
+"""POST /v1/chat/completions: the pipeline from the client's bytes to the stored exchange.
+
+parse -> route -> session -> policy -> upstream -> relay (+ assemble) -> store.
+The store write happens after the answer is relayed, in a task of its own, so
+neither the client's latency nor a client disconnect affects what is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from policies.types import Decision
+from proxy.config import RouteConfig
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.http import error_response, forward_headers, parse_object, read_body, relay_headers
+from proxy.logging import get_logger
+from proxy.runtime import Runtime
+from proxy.sessions import bearer_token, content_hash, session_key, session_ref, tenant_of
+from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.streaming import ChatReplyAssembler, reply_from_completion
+from proxy.tokens import counter_for
+from proxy.upstream.base import UpstreamRequest, UpstreamResponse
+
+log = get_logger()
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest(
+            "'messages' is required.", param="messages", code="missing_required_parameter"
+        )
+    if not isinstance(messages, list):
+        raise InvalidRequest("'messages' must be an array.", param="messages", code="invalid_type")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(
+                f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
+            )
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(
+                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
+                param=f"messages[{i}].role",
+                code="invalid_value",
+            )
+    return messages
+
+
+class ChatExchange:
+    """One request's journey; its fields are what the log line and the request row say."""
+
+    endpoint = "/v1/chat/completions"
+
+    def __init__(self, rt: Runtime, request: Request) -> None:
+        self.rt = rt
+        self.request = request
+        self.id = uuid.uuid4().hex
+        self.started = time.perf_counter()
+        self.tenant = tenant_of(bearer_token(request.headers))
+        self.route: RouteConfig | None = None
+        self.ref: SessionRef | None = None
+        self.key: str | None = None
+        self.model: str | None = None
+        self.stream = False
+        self.conversation: list[dict[str, Any]] = []
+        self.decision: Decision | None = None
+        self.locked = False
+        self.upstream_ms: float | None = None
+        self.raw = b""
+
+    # -- the pipeline ---------------------------------------------------------
+
+    async def run(self) -> Response:
+        try:
+            return await self._run()
+        except ProxyError as error:
+            self._finish_failed(error.status, error)
+            return error_response(error, self._headers())
+
+    async def _run(self) -> Response:
+        rt = self.rt
+        self.raw = await read_body(self.request, rt.config.server.max_body_bytes)
+        body = parse_object(self.raw)
+        messages = validate_messages(body)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is required and must be a string.", param="model")
+        self.model = model
+        self.stream = body.get("stream") is True
+        self.route = rt.router.match(self.endpoint, model, self.request.headers)
+        self.key = session_key(rt.config.session, self.request.headers, body)
+        self.ref = session_ref(self.tenant, self.key)
+
+        self.conversation = messages
+        if self.route.history == "server" and self.ref is not None:
+            # Serialise the session: the next request must see this one's reply.
+            await rt.locks.acquire(self.ref)
+            self.locked = True
+            stored = await rt.store.history(self.ref)
+            self.conversation = [item.message for item in stored] + messages
+
+        self.decision = rt.rewriter.decide(self.route.policy, self.conversation, body, model)
+        forwarded = self._forward_body(body)
+        upstream_config = rt.config.upstreams[self.route.upstream]
+        upstream = rt.upstreams[self.route.upstream]
+        sent = time.perf_counter()
+        response = await upstream.send(
+            UpstreamRequest(
+                method="POST",
+                path="/chat/completions",
+                headers=forward_headers(
+                    self.request.headers.items(), upstream_config, rt.config.session.header
+                ),
+                body=forwarded,
+                json=None
+                if upstream_config.base_url
+                else {**body, "messages": self.decision.messages},
+                stream=self.stream,
+            )
+        )
+        self.upstream_ms = (time.perf_counter() - sent) * 1000
+        is_sse = any(
+            k.lower() == "content-type" and v.startswith("text/event-stream")
+            for k, v in response.headers
+        )
+        if self.stream and response.status == 200 and is_sse:
+            return self._relay_stream(response)
+        return await self._relay_whole(response)
+
+    def _forward_body(self, body: dict[str, Any]) -> bytes:
+        assert self.decision is not None
+        if not self.decision.changed and self.conversation is body["messages"]:
+            # The client's bytes are sacred: nothing changed, so forward them as they came.
+            return self.raw
+        return orjson.dumps({**body, "messages": self.decision.messages})
+
+    async def _relay_whole(self, response: UpstreamResponse) -> Response:
+        try:
+            content = await response.read()
+        except ProxyError as error:
+            self._finish_failed(error.status, error, upstream_status=response.status)
+            return error_response(error, self._headers())
+        reply: dict[str, Any] | None = None
+        usage: dict[str, Any] | None = None
+        if response.status == 200:
+            reply, usage = reply_from_completion(content)
+        self._finish(response.status, reply, usage=usage, upstream_status=response.status)
+        out = Response(content, status_code=response.status)
+        out.raw_headers = relay_headers(response.headers, self._headers())
+        out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        return out
+
+    def _relay_stream(self, response: UpstreamResponse) -> Response:
+        assembler = ChatReplyAssembler()
+
+        async def relay() -> AsyncIterator[bytes]:
+            error: ProxyError | None = None
+            try:
+                async for chunk in response.iter_chunks():
+                    assembler.feed(chunk)
+                    yield chunk
+            except UpstreamError as exc:
+                # Headers are gone already: tell the client in-stream, as OpenAI does.
+                error = exc
+                yield b"data: " + exc.body_bytes() + b"\n\n"
+            finally:
+                self._finish(
+                    200,
+                    assembler.message() if assembler.chunks else None,
+                    usage=assembler.usage,
+                    upstream_status=200,
+                    incomplete=not assembler.done,
+                    error=error,
+                    upstream=response,
+                )
+
+        out = StreamingResponse(relay(), status_code=200)
+        out.raw_headers = relay_headers(response.headers, self._headers())
+        return out
+
+    # -- the record -------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        h = {"x-ctxproxy-request-id": self.id}
+        if self.key is not None:
+            h["x-session-id"] = self.key
+        if self.route is not None:
+            h["x-context-policy"] = self.route.policy
+        d = self.decision
+        if d is not None:
+            h["x-context-tokens-before"] = str(d.tokens_before)
+            h["x-context-tokens-after"] = str(d.tokens_after)
+            h["x-context-messages-dropped"] = str(len(d.dropped))
+            h["x-context-turns-dropped"] = str(d.turns_dropped)
+            if d.clipped:
+                h["x-context-tool-outputs-clipped"] = str(len(d.clipped))
+            if d.reason:
+                h["x-context-trim-reason"] = d.reason
+        return h
+
+    def _finish_failed(
+        self, status: int, error: ProxyError, upstream_status: int | None = None
+    ) -> None:
+        self._finish(status, None, upstream_status=upstream_status, error=error, failed=True)
+
+    def _finish(
+        self,
+        status: int,
+        reply: dict[str, Any] | None,
+        *,
+        usage: dict[str, Any] | None = None,
+        upstream_status: int | None = None,
+        incomplete: bool = False,
+        error: ProxyError | None = None,
+        failed: bool = False,
+        upstream: UpstreamResponse | None = None,
+    ) -> None:
+        total_ms = (time.perf_counter() - self.started) * 1000
+        record = self._record(status, upstream_status, usage, incomplete, error, total_ms)
+        self._log(record)
+        if self.route is None or self.ref is None:
+            # Unrouted requests belong nowhere; session-less ones are proxied, not stored.
+            self._unlock()
+            if upstream is not None:
+                self.rt.background.spawn(upstream.close(), name=f"close-{self.id}")
+            return
+        ok = not failed and upstream_status == 200
+        conversation = self._stored_conversation() if ok else []
+        reply_in = (
+            MessageIn(
+                message=reply,
+                content_hash=content_hash(reply),
+                role="assistant",
+                token_count=counter_for(self.model or "").count_message(reply),
+                status="incomplete" if incomplete else "complete",
+            )
+            if ok and reply is not None
+            else None
+        )
+        self.rt.background.spawn(
+            self._write(self.ref, conversation, reply_in, record, upstream),
+            name=f"store-{self.id}",
+        )
+
+    async def _write(
+        self,
+        ref: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        record: RequestRecord,
+        upstream: UpstreamResponse | None,
+    ) -> None:
+        try:
+            if upstream is not None:
+                await upstream.close()
+            await self.rt.store.record_exchange(ref, conversation, reply, record)
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self.locked and self.ref is not None:
+            self.locked = False
+            self.rt.locks.release(self.ref)
+
+    def _stored_conversation(self) -> list[MessageIn]:
+        if self.ref is None:
+            return []
+        count = counter_for(self.model or "").count_message
+        return [
+            MessageIn(
+                message=m, content_hash=content_hash(m), role=str(m["role"]), token_count=count(m)
+            )
+            for m in self.conversation
+        ]
+
+    def _record(
+        self,
+        status: int,
+        upstream_status: int | None,
+        usage: dict[str, Any] | None,
+        incomplete: bool,
+        error: ProxyError | None,
+        total_ms: float,
+    ) -> RequestRecord:
+        d = self.decision
+        record = RequestRecord(
+            id=self.id,
+            tenant=self.tenant,
+            route=self.route.name if self.route else "",
+            policy=self.route.policy if self.route else "",
+            model=self.model,
+            stream=self.stream,
+            status=status,
+            upstream_status=upstream_status,
+            session_key=self.key,
+            endpoint=self.endpoint,
+            messages_before=len(self.conversation),
+            error=f"{error.code or error.type}: {error.message}" if error else None,
+            incomplete=incomplete,
+            upstream_ms=self.upstream_ms,
+            total_ms=total_ms,
+            usage=usage,
+            created_at=time.time(),
+        )
+        if d is not None:
+            record.messages_after = len(d.messages)
+            record.tokens_before = d.tokens_before
+            record.tokens_after = d.tokens_after
+            record.turns_dropped = d.turns_dropped
+            record.messages_dropped = len(d.dropped)
+            record.dropped_indexes = list(d.dropped)
+            record.reason = d.reason
+            record.detail = {
+                "budget": d.budget,
+                "repaired": list(d.repaired),
+                "clipped": [
+                    {
+                        "index": c.index,
+                        "tokens_before": c.tokens_before,
+                        "tokens_after": c.tokens_after,
+                    }
+                    for c in d.clipped
+                ],
+                **d.extra,
+            }
+        return record
+
+    def _log(self, r: RequestRecord) -> None:
+        log.info(
+            "request_completed",
+            request_id=r.id,
+            session=r.session_key,
+            tenant=r.tenant,
+            route=r.route,
+            policy=r.policy,
+            model=r.model,
+            stream=r.stream,
+            status=r.status,
+            upstream_status=r.upstream_status,
+            messages_before=r.messages_before,
+            messages_after=r.messages_after,
+            tokens_before=r.tokens_before,
+            tokens_after=r.tokens_after,
+            turns_dropped=r.turns_dropped,
+            messages_dropped=r.messages_dropped,
+            reason=r.reason,
+            incomplete=r.incomplete,
+            error=r.error,
+            upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
+            total_ms=round(r.total_ms or 0.0, 2),
+        )
+
+
+async def chat_completions(request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    return await ChatExchange(rt, request).run()

@@ -1,0 +1,97 @@
+"""One error hierarchy; every error a client sees has OpenAI's JSON shape.
+
+``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy answers with itself."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body_bytes(self) -> bytes:
+        return orjson.dumps(self.body())
+
+
+class InvalidRequest(ProxyError):
+    """The client's request is malformed (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Even the newest turn and the system messages do not fit the budget."""
+
+    code = "context_length_exceeded"
+
+
+class NotFound(InvalidRequest):
+    status = 404
+    code = "not_found"
+
+
+class Unauthorized(InvalidRequest):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not be reached or did not answer properly (502)."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class ConfigError(Exception):
+    """A configuration problem, named by its path: ``routes[0].policy: ...``."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path

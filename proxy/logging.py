@@ -1,0 +1,51 @@
+"""structlog set-up: JSON lines when stdout is not a TTY, a console otherwise.
+
+Message content is never logged at info level, and neither is any key: the
+``_redact`` processor drops fields whose names say they hold secrets, as a
+second line of defence behind the call sites.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+_SECRET_WORDS = ("authorization", "api_key", "apikey", "password", "secret", "token_value")
+
+
+def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key in list(event):
+        if any(word in key.lower() for word in _SECRET_WORDS):
+            event[key] = "[redacted]"
+    return event
+
+
+def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+    json_output = fmt == "json" or (fmt == "auto" and not sys.stdout.isatty())
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json_output
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _redact,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str = "ctxproxy") -> Any:
+    return structlog.get_logger(name)

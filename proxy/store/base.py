@@ -1,0 +1,236 @@
+"""The Store protocol and the values that cross it.
+
+A session's history is a tree of items (messages and replies). Each item is
+identified within its session by a *path hash*: the hash of its parent's path
+hash and its own content hash. A client resends its whole history on every
+call; the same prefix yields the same path hashes, so each message is stored
+once, and an edited or forked history simply grows a new branch. Nothing
+stored is ever rewritten in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+def path_hash(parent: str | None, content_hash: str) -> str:
+    """Identity of an item within its session: its content and its ancestry."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update((parent or "root").encode())
+    h.update(b"/")
+    h.update(content_hash.encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """A session as the client names it, scoped by tenant (hash of its API key)."""
+
+    tenant: str
+    key: str
+
+
+@dataclass(frozen=True)
+class MessageIn:
+    """A message (or reply) to store: the raw JSON plus its queryable columns."""
+
+    message: dict[str, Any]
+    content_hash: str
+    role: str
+    token_count: int | None = None
+    # "complete", or "incomplete" for a reply cut short (client went away).
+    status: str = "complete"
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    id: int
+    session_id: int
+    parent_id: int | None
+    path_hash: str
+    content_hash: str
+    role: str
+    token_count: int | None
+    message: dict[str, Any]
+    status: str
+    created_at: float
+
+
+@dataclass
+class RequestRecord:
+    """One row per proxied request: what was forwarded and what came back."""
+
+    id: str
+    tenant: str
+    route: str
+    policy: str
+    model: str | None
+    stream: bool
+    status: int
+    upstream_status: int | None = None
+    session_key: str | None = None
+    endpoint: str = "/v1/chat/completions"
+    mode: str | None = None
+    messages_before: int = 0
+    messages_after: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    turns_dropped: int = 0
+    messages_dropped: int = 0
+    # Positions (in the conversation as received) the policy dropped; the store
+    # translates them to stored item ids in ``dropped_item_ids``.
+    dropped_indexes: list[int] = field(default_factory=list)
+    reason: str | None = None
+    error: str | None = None
+    incomplete: bool = False
+    upstream_ms: float | None = None
+    total_ms: float | None = None
+    usage: dict[str, Any] | None = None
+    # Everything else worth keeping (decision details, clips, repairs...).
+    detail: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ExchangeResult:
+    session_id: int
+    # Stored item id for each message of the conversation, in order.
+    item_ids: list[int]
+    reply_id: int | None
+    # How many of the conversation's messages were new to the store.
+    new_messages: int
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: int
+    tenant: str
+    key: str
+    created_at: float
+    updated_at: float
+    head_item_id: int | None
+    item_count: int
+    request_count: int
+    stored_tokens: int
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def record_exchange(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> ExchangeResult | None:
+        """Store one exchange atomically (one transaction).
+
+        With a session: create it if new; append the messages of
+        ``conversation`` not stored yet (matched by path hash, so a resent
+        prefix is not duplicated); append ``reply`` as the child of the last
+        message; make the reply (or the last message) the session's head; write
+        ``request`` with the session id and ``dropped_item_ids``. Without a
+        session, or with ``conversation`` empty and no reply (a failed
+        upstream call), only the request row is written. Returns None when
+        there is no session.
+        """
+        ...
+
+    async def history(self, session: SessionRef) -> list[StoredItem]:
+        """The chain from the root to the session's head, oldest first."""
+        ...
+
+    async def get_session(self, session: SessionRef) -> SessionInfo | None: ...
+
+    async def list_sessions(
+        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[SessionInfo]:
+        """Newest activity first."""
+        ...
+
+    async def requests(self, session: SessionRef) -> list[dict[str, Any]]:
+        """The session's request rows, oldest first, as plain dicts."""
+        ...
+
+    async def request(self, request_id: str) -> dict[str, Any] | None: ...
+
+    async def delete_session(self, session: SessionRef) -> bool:
+        """Delete the session and every row that belongs to it."""
+        ...
+
+    async def delete_idle_sessions(self, older_than: float) -> int:
+        """Delete sessions last updated before ``older_than`` (TTL expiry); return how many."""
+        ...
+
+
+def chain_path_hashes(content_hashes: Sequence[str]) -> list[str]:
+    """Path hashes of a chain from the root: each item's identity given its ancestry."""
+    out: list[str] = []
+    parent: str | None = None
+    for content_hash in content_hashes:
+        parent = path_hash(parent, content_hash)
+        out.append(parent)
+    return out
+
+
+def dropped_item_ids(record: RequestRecord, item_ids: Sequence[int]) -> list[int]:
+    """Translate the policy's dropped positions to stored item ids.
+
+    Positions with no stored item (a failed call stores no messages) are
+    skipped; the raw positions are kept in the row's ``dropped_indexes``.
+    """
+    return [item_ids[i] for i in record.dropped_indexes if 0 <= i < len(item_ids)]
+
+
+def request_row(
+    record: RequestRecord,
+    *,
+    session_id: int | None,
+    tenant: str,
+    session_key: str | None,
+    dropped_item_ids: list[int],
+    first_item_id: int | None,
+    last_item_id: int | None,
+    reply_item_id: int | None,
+    created_at: float,
+) -> dict[str, Any]:
+    """The shape of a stored request row, shared by every backend so they agree exactly."""
+    return {
+        "id": record.id,
+        "session_id": session_id,
+        "tenant": tenant,
+        "session_key": session_key,
+        "endpoint": record.endpoint,
+        "route": record.route,
+        "policy": record.policy,
+        "mode": record.mode,
+        "model": record.model,
+        "stream": record.stream,
+        "status": record.status,
+        "upstream_status": record.upstream_status,
+        "messages_before": record.messages_before,
+        "messages_after": record.messages_after,
+        "tokens_before": record.tokens_before,
+        "tokens_after": record.tokens_after,
+        "turns_dropped": record.turns_dropped,
+        "messages_dropped": record.messages_dropped,
+        "dropped_indexes": list(record.dropped_indexes),
+        "dropped_item_ids": dropped_item_ids,
+        "reason": record.reason,
+        "error": record.error,
+        "incomplete": record.incomplete,
+        "upstream_ms": record.upstream_ms,
+        "total_ms": record.total_ms,
+        "usage": record.usage,
+        "detail": record.detail,
+        "first_item_id": first_item_id,
+        "last_item_id": last_item_id,
+        "reply_item_id": reply_item_id,
+        "created_at": created_at,
+    }

@@ -1,0 +1,5 @@
+"""Upstream seam: forward a request, relay the answer."""
+
+from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamResponse
+
+__all__ = ["Upstream", "UpstreamRequest", "UpstreamResponse"]

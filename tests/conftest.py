@@ -1,0 +1,58 @@
+"""Shared fixtures. Nothing here reaches beyond 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Before anything imports litellm or tiktoken: no network, bundled encodings.
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+_spec = importlib.util.find_spec("litellm")
+assert _spec is not None and _spec.origin is not None
+os.environ["TIKTOKEN_CACHE_DIR"] = str(
+    Path(_spec.origin).parent / "litellm_core_utils" / "tokenizers"
+)
+# Keep any accidental real-provider call pointed at nothing.
+os.environ.pop("OPENAI_API_KEY", None)
+
+from tests.fake_upstream import FakeUpstream  # noqa: E402
+from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    yield lt
+    lt.stop()
+
+
+@pytest.fixture
+def fake(loop_thread: LoopThread) -> Iterator[tuple[FakeUpstream, AiohttpServer]]:
+    upstream = FakeUpstream()
+    server = AiohttpServer(loop_thread, upstream.app())
+    yield upstream, server
+    server.stop()
+
+
+@pytest.fixture
+def start_proxy(
+    loop_thread: LoopThread,
+    fake: tuple[FakeUpstream, AiohttpServer],
+    tmp_path: Path,
+) -> Iterator[Callable[..., ProxyServer]]:
+    started: list[ProxyServer] = []
+
+    def start(**kwargs: Any) -> ProxyServer:
+        config = kwargs.pop("config", None) or make_config(fake[1].url, tmp_path, **kwargs)
+        proxy = ProxyServer(loop_thread, config)
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
