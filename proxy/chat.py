@@ -86,6 +86,10 @@ class ChatExchange:
         except ProxyError as error:
             self._finish_failed(error.status, error)
             return error_response(error, self._headers())
+        except BaseException:
+            # Unexpected: the app's last-resort handler answers; never leave a session locked.
+            self._unlock()
+            raise
 
     async def _run(self) -> Response:
         rt = self.rt

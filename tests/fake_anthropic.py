@@ -1,0 +1,282 @@
+"""A fake Anthropic Messages API on loopback, for tests.
+
+It serves ``POST /v1/messages`` (litellm appends ``/v1/messages`` to an
+``anthropic/...`` model's ``api_base``), answers JSON or SSE with Anthropic's
+real event types, records every request, and can be scripted to answer with a
+tool call, an error status, a delay, or a stream that never ends.
+
+    async with FakeAnthropic() as fake:
+        fake.script(Reply.tool("get_weather", {"city": "Paris"}))
+        ...  # point the client at fake.url
+        assert fake.requests[0].json["system"] == ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+MESSAGES_PATH = "/v1/messages"
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    name: str
+    input: dict[str, Any]
+    id: str = "toolu_fake_01"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the fake answers to one request."""
+
+    text: str = "Hello from the fake Anthropic."
+    tool_use: ToolUse | None = None
+    # How the text is cut into text_delta events when streaming; None: by words.
+    pieces: tuple[str, ...] | None = None
+    input_tokens: int = 11
+    output_tokens: int = 7
+    # An error status answers Anthropic's error JSON instead of a message.
+    status: int = 200
+    error_type: str = "invalid_request_error"
+    error_message: str = "fake error"
+    # Seconds to wait before answering (to provoke client timeouts).
+    delay_s: float = 0.0
+    retry_after: str | None = None
+    # Streaming only: after the text deltas (if any), keep the stream open with
+    # pings until the client goes away (to check that a client can abort) ...
+    hold_open: bool = False
+    # ... or fall silent for a while (to provoke a read timeout mid-stream) ...
+    stall_s: float = 0.0
+    # ... or end it with an in-stream error event: (error type, message).
+    stream_error: tuple[str, str] | None = None
+
+    @classmethod
+    def tool(cls, name: str, input: dict[str, Any], *, text: str = "") -> Reply:
+        return cls(text=text, tool_use=ToolUse(name, input))
+
+    @classmethod
+    def error(
+        cls, status: int, error_type: str, message: str, *, retry_after: str | None = None
+    ) -> Reply:
+        return cls(
+            status=status, error_type=error_type, error_message=message, retry_after=retry_after
+        )
+
+    def text_pieces(self) -> list[str]:
+        if self.pieces is not None:
+            return list(self.pieces)
+        # Word by word, whitespace kept, so the pieces join back to the text exactly.
+        return re.findall(r"\s*\S+\s*", self.text) or [self.text]
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    # Header names lower-cased.
+    headers: dict[str, str]
+    json: dict[str, Any]
+
+
+@dataclass
+class FakeAnthropic:
+    model: str = "claude-fake-1"
+    requests: list[RecordedRequest] = field(default_factory=list)
+    # Set when a stream noticed its client had gone.
+    stream_aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    _replies: deque[Reply] = field(default_factory=deque)
+    _runner: web.AppRunner | None = None
+    _port: int = 0
+
+    @property
+    def url(self) -> str:
+        """The base URL to give litellm as ``api_base``."""
+        if self._runner is None:
+            raise RuntimeError("FakeAnthropic is not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies, used in order; when the queue is empty, a default text reply."""
+        self._replies.extend(replies)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post(MESSAGES_PATH, self._handle)
+        # A short shutdown: a test that timed out must not wait for a delayed reply.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        # Port 0: the OS picks a free port; bind the socket ourselves to read it back.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self._port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeAnthropic:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(
+            RecordedRequest(
+                path=request.path,
+                headers={k.lower(): v for k, v in request.headers.items()},
+                json=body,
+            )
+        )
+        reply = self._replies.popleft() if self._replies else Reply()
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.status != 200:
+            error = {"type": reply.error_type, "message": reply.error_message}
+            headers = {"retry-after": reply.retry_after} if reply.retry_after else None
+            return web.json_response(
+                {"type": "error", "error": error}, status=reply.status, headers=headers
+            )
+        if body.get("stream"):
+            return await self._stream(request, reply)
+        return web.json_response(self._message(reply))
+
+    def _content(self, reply: Reply) -> list[dict[str, Any]]:
+        content: list[dict[str, Any]] = []
+        if reply.text:
+            content.append({"type": "text", "text": reply.text})
+        if reply.tool_use is not None:
+            tool = reply.tool_use
+            content.append(
+                {"type": "tool_use", "id": tool.id, "name": tool.name, "input": tool.input}
+            )
+        return content
+
+    @staticmethod
+    def _stop_reason(reply: Reply) -> str:
+        return "tool_use" if reply.tool_use else "end_turn"
+
+    def _message(self, reply: Reply) -> dict[str, Any]:
+        return {
+            "id": "msg_fake_01",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": self._content(reply),
+            "stop_reason": self._stop_reason(reply),
+            "stop_sequence": None,
+            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        }
+
+    async def _stream(self, request: web.Request, reply: Reply) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(event: str, data: dict[str, Any]) -> None:
+            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+
+        try:
+            await self._events(send, reply)
+        except ConnectionError:
+            # The client went away mid-stream (a write to a closed connection
+            # is how a server notices).
+            self.stream_aborted.set()
+            return response
+        except asyncio.CancelledError:
+            self.stream_aborted.set()
+            raise
+        await response.write_eof()
+        return response
+
+    async def _events(self, send: _Send, reply: Reply) -> None:
+        start = self._message(reply) | {"content": [], "stop_reason": None}
+        start["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+        await send("message_start", {"type": "message_start", "message": start})
+        await send("ping", {"type": "ping"})
+        index = 0
+        if reply.text:
+            await send("content_block_start", _block_start(index, {"type": "text", "text": ""}))
+            for piece in reply.text_pieces():
+                await send("content_block_delta", _block_delta(index, "text_delta", text=piece))
+        if reply.stall_s:
+            await asyncio.sleep(reply.stall_s)
+        if reply.hold_open:
+            # Pings until the client leaves; bounded so a broken test cannot hang.
+            for _ in range(250):
+                await asyncio.sleep(0.02)
+                await send("ping", {"type": "ping"})
+            return
+        if reply.stream_error is not None:
+            error_type, message = reply.stream_error
+            await send(
+                "error", {"type": "error", "error": {"type": error_type, "message": message}}
+            )
+            return
+        if reply.text:
+            await send("content_block_stop", {"type": "content_block_stop", "index": index})
+            index += 1
+        if reply.tool_use is not None:
+            tool = reply.tool_use
+            block = {"type": "tool_use", "id": tool.id, "name": tool.name, "input": {}}
+            await send("content_block_start", _block_start(index, block))
+            arguments = json.dumps(tool.input)
+            # Cut the JSON mid-token, as Anthropic does.
+            for cut in range(0, len(arguments), 7):
+                piece = arguments[cut : cut + 7]
+                delta = _block_delta(index, "input_json_delta", partial_json=piece)
+                await send("content_block_delta", delta)
+            await send("content_block_stop", {"type": "content_block_stop", "index": index})
+        message_delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": self._stop_reason(reply), "stop_sequence": None},
+            "usage": {"output_tokens": reply.output_tokens},
+        }
+        await send("message_delta", message_delta)
+        await send("message_stop", {"type": "message_stop"})
+
+
+_Send = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def _block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _block_delta(index: int, kind: str, **fields: str) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": {"type": kind, **fields}}
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, read, released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def sse_events(chunks: list[bytes]) -> list[dict[str, Any]]:
+    """The JSON payloads of OpenAI SSE chunks, asserting each is one whole ``data:`` event."""
+    out = []
+    for chunk in chunks:
+        assert chunk.startswith(b"data: ") and chunk.endswith(b"\n\n"), chunk
+        if chunk != b"data: [DONE]\n\n":
+            out.append(json.loads(chunk[6:]))
+    return out
