@@ -127,6 +127,12 @@ async def run_load(
     return total / elapsed, latencies
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a server process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -177,10 +183,16 @@ async def main_async(args: argparse.Namespace) -> int:
             "X-Session-Id": "bench",
         }
         results: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
-        for concurrency in (1, 16):
+        pids = {"direct": procs[0].pid, "minimal": procs[1].pid, "ctxproxy": procs[2].pid}
+        cpu: dict[tuple[str, int], list[float]] = {}
+        for concurrency in tuple(int(c) for c in os.environ.get("BENCH_CONC", "1,16").split(",")):
             for rnd in range(args.rounds):
                 for name, url in targets.items():
+                    before = cpu_seconds(pids[name])
                     rps, lat = await run_load(url, body, concurrency, args.requests, headers)
+                    # Server CPU per request: robust to other load on the machine.
+                    used = (cpu_seconds(pids[name]) - before) / (args.requests + concurrency)
+                    cpu.setdefault((name, concurrency), []).append(used * 1000)
                     entry = results.setdefault((name, concurrency), ([], []))
                     entry[0].append(rps)
                     entry[1].extend(lat)
@@ -189,11 +201,14 @@ async def main_async(args: argparse.Namespace) -> int:
                         flush=True,
                     )
         print()
-        print(f"{'target':<10} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+        print(
+            f"{'target':<10} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/req':>11}"
+        )
         for (name, concurrency), (rps_list, lat) in results.items():
             print(
                 f"{name:<10} {concurrency:>4} {statistics.median(rps_list):9.0f} "
-                f"{pct(lat, 0.5):8.3f} {pct(lat, 0.99):8.3f}"
+                f"{pct(lat, 0.5):8.3f} {pct(lat, 0.99):8.3f} "
+                f"{statistics.median(cpu[(name, concurrency)]):11.3f}"
             )
 
         def rps(name: str, c: int) -> float:

@@ -7,8 +7,9 @@ neither the client's latency nor a client disconnect affects what is recorded.
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,11 @@ from proxy.tokens import counter_for
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
 
 log = get_logger()
+
+# Request ids: a random per-process prefix and a counter; unique without a
+# syscall per request (uuid4 reads the OS's random source every time).
+_ID_PREFIX = os.urandom(6).hex()
+_ID_COUNTER = itertools.count(1)
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -64,7 +70,7 @@ class ChatExchange:
     def __init__(self, rt: Runtime, request: Request) -> None:
         self.rt = rt
         self.request = request
-        self.id = uuid.uuid4().hex
+        self.id = f"{_ID_PREFIX}{next(_ID_COUNTER):010x}"
         self.started = time.perf_counter()
         self.tenant = tenant_of(bearer_token(request.headers))
         self.route: RouteConfig | None = None

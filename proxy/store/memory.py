@@ -1,0 +1,256 @@
+"""The in-memory store: the fake for tests, with exactly the SQLite store's semantics.
+
+Messages are kept as JSON bytes and decoded on every read, like the SQLite
+store, so a caller mutating a message it stored or read changes nothing here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from proxy.store.base import (
+    ExchangeResult,
+    MessageIn,
+    RequestRecord,
+    SessionInfo,
+    SessionRef,
+    StoredItem,
+    chain_path_hashes,
+    dropped_item_ids,
+    request_row,
+)
+
+
+@dataclass
+class _Session:
+    id: int
+    tenant: str
+    key: str
+    created_at: float
+    updated_at: float
+    head_item_id: int | None = None
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._sessions: dict[tuple[str, str], _Session] = {}
+        # Items without their message; the message lives as bytes in _messages.
+        self._items: dict[int, StoredItem] = {}
+        self._messages: dict[int, bytes] = {}
+        self._by_path: dict[int, dict[str, int]] = {}  # session id -> path hash -> item id
+        self._requests: dict[str, bytes] = {}  # insertion order is the tie-break
+        self._next_session_id = 1
+        self._next_item_id = 1
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def record_exchange(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> ExchangeResult | None:
+        now = time.time()
+        created_at = request.created_at or now
+        async with self._lock:
+            # Everything that can fail happens before the first mutation, so a
+            # rejected exchange leaves nothing behind, as the SQLite rollback does.
+            if request.id in self._requests:
+                raise ValueError(f"request id already stored: {request.id!r}")
+            chain = [*conversation, *([reply] if reply is not None else [])]
+            encoded = [orjson.dumps(m.message) for m in chain]
+            # Encoded now only to fail now (not JSON) rather than half-way through.
+            orjson.dumps((request.usage, request.detail))
+
+            if session is None:
+                self._add_request(request, None, request.tenant, request.session_key, created_at)
+                return None
+            if not chain:
+                existing = self._sessions.get((session.tenant, session.key))
+                session_id = None if existing is None else existing.id
+                self._add_request(request, session_id, session.tenant, session.key, created_at)
+                return None if session_id is None else ExchangeResult(session_id, [], None, 0)
+
+            row = self._upsert_session(session, now)
+            by_path = self._by_path[row.id]
+            hashes = chain_path_hashes([m.content_hash for m in chain])
+            ids: list[int] = []
+            new_messages = 0
+            parent: int | None = None
+            for position, (message, path, data) in enumerate(
+                zip(chain, hashes, encoded, strict=True)
+            ):
+                item_id = by_path.get(path)
+                if item_id is None:
+                    item_id = self._add_item(row.id, parent, path, message, data, now)
+                    by_path[path] = item_id
+                    new_messages += position < len(conversation)
+                ids.append(item_id)
+                parent = item_id
+            row.head_item_id = ids[-1]
+            item_ids = ids[: len(conversation)]
+            reply_id = ids[-1] if reply is not None else None
+            self._add_request(
+                request, row.id, session.tenant, session.key, created_at, item_ids, reply_id
+            )
+            return ExchangeResult(row.id, item_ids, reply_id, new_messages)
+
+    def _upsert_session(self, session: SessionRef, now: float) -> _Session:
+        row = self._sessions.get((session.tenant, session.key))
+        if row is None:
+            row = _Session(self._next_session_id, session.tenant, session.key, now, now)
+            self._next_session_id += 1
+            self._sessions[(session.tenant, session.key)] = row
+            self._by_path[row.id] = {}
+        row.updated_at = now
+        return row
+
+    def _add_item(
+        self,
+        session_id: int,
+        parent_id: int | None,
+        path: str,
+        message: MessageIn,
+        data: bytes,
+        now: float,
+    ) -> int:
+        item_id = self._next_item_id
+        self._next_item_id += 1
+        self._items[item_id] = StoredItem(
+            id=item_id,
+            session_id=session_id,
+            parent_id=parent_id,
+            path_hash=path,
+            content_hash=message.content_hash,
+            role=message.role,
+            token_count=message.token_count,
+            message={},
+            status=message.status,
+            created_at=now,
+        )
+        self._messages[item_id] = data
+        return item_id
+
+    def _add_request(
+        self,
+        request: RequestRecord,
+        session_id: int | None,
+        tenant: str,
+        session_key: str | None,
+        created_at: float,
+        item_ids: Sequence[int] = (),
+        reply_id: int | None = None,
+    ) -> None:
+        row = request_row(
+            request,
+            session_id=session_id,
+            tenant=tenant,
+            session_key=session_key,
+            dropped_item_ids=dropped_item_ids(request, item_ids),
+            first_item_id=item_ids[0] if item_ids else None,
+            last_item_id=item_ids[-1] if item_ids else None,
+            reply_item_id=reply_id,
+            created_at=created_at,
+        )
+        self._requests[request.id] = orjson.dumps(row)
+
+    async def history(self, session: SessionRef) -> list[StoredItem]:
+        async with self._lock:
+            row = self._sessions.get((session.tenant, session.key))
+            chain: list[StoredItem] = []
+            item_id = None if row is None else row.head_item_id
+            while item_id is not None:
+                chain.append(self._item(item_id))
+                item_id = chain[-1].parent_id
+        return chain[::-1]
+
+    def _item(self, item_id: int) -> StoredItem:
+        return replace(self._items[item_id], message=orjson.loads(self._messages[item_id]))
+
+    async def get_session(self, session: SessionRef) -> SessionInfo | None:
+        async with self._lock:
+            row = self._sessions.get((session.tenant, session.key))
+            return None if row is None else self._info(row)
+
+    async def list_sessions(
+        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[SessionInfo]:
+        async with self._lock:
+            rows = [s for s in self._sessions.values() if tenant is None or s.tenant == tenant]
+            rows.sort(key=lambda s: (s.updated_at, s.id), reverse=True)
+            return [self._info(row) for row in rows[offset : offset + limit]]
+
+    def _info(self, row: _Session) -> SessionInfo:
+        items = [self._items[i] for i in self._by_path[row.id].values()]
+        return SessionInfo(
+            id=row.id,
+            tenant=row.tenant,
+            key=row.key,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            head_item_id=row.head_item_id,
+            item_count=len(items),
+            request_count=len(self._named_requests(row.tenant, row.key)),
+            stored_tokens=sum(item.token_count or 0 for item in items),
+        )
+
+    def _named_requests(self, tenant: str, key: str) -> list[dict[str, Any]]:
+        rows = [orjson.loads(data) for data in self._requests.values()]
+        named = [r for r in rows if r["tenant"] == tenant and r["session_key"] == key]
+        named.sort(key=lambda r: r["created_at"])  # stable: insertion order breaks ties
+        return named
+
+    async def requests(self, session: SessionRef) -> list[dict[str, Any]]:
+        """Every request that named the session, those made before it existed included."""
+        async with self._lock:
+            return self._named_requests(session.tenant, session.key)
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        async with self._lock:
+            data = self._requests.get(request_id)
+            return None if data is None else dict(orjson.loads(data))
+
+    async def delete_session(self, session: SessionRef) -> bool:
+        async with self._lock:
+            for request_id, data in list(self._requests.items()):
+                named = orjson.loads(data)
+                if named["tenant"] == session.tenant and named["session_key"] == session.key:
+                    del self._requests[request_id]
+            row = self._sessions.pop((session.tenant, session.key), None)
+            if row is None:
+                return False
+            self._drop_session(row)
+            return True
+
+    async def delete_idle_sessions(self, older_than: float) -> int:
+        async with self._lock:
+            idle = [s for s in self._sessions.values() if s.updated_at < older_than]
+            names = {(s.tenant, s.key) for s in idle}
+            ids = {s.id for s in idle}
+            for request_id, data in list(self._requests.items()):
+                row = orjson.loads(data)
+                linked = row["session_id"] in ids
+                orphan = row["session_id"] is None and (row["tenant"], row["session_key"]) in names
+                if linked or orphan:
+                    del self._requests[request_id]
+            for row in idle:
+                del self._sessions[(row.tenant, row.key)]
+                self._drop_session(row)
+            return len(idle)
+
+    def _drop_session(self, row: _Session) -> None:
+        for item_id in self._by_path.pop(row.id).values():
+            del self._items[item_id]
+            del self._messages[item_id]

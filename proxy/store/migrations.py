@@ -1,0 +1,147 @@
+"""Append-only schema migrations for the SQLite store.
+
+``MIGRATIONS[n]`` is schema version ``n + 1``. Each is applied once, in its own
+transaction, and recorded in ``schema_migrations``. Never edit a migration that
+has shipped: append a new one instead, so every database converges on the same
+schema whatever version it started from.
+
+Tables keep queryable columns next to the raw JSON (like simonw/llm): the
+columns serve listing and analysis, the JSON is the message exactly as it came.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: sessions, the item tree, one row per proxied request.
+    """
+    -- AUTOINCREMENT: ids are never reused after a delete, so an id held
+    -- anywhere (a cache, a log line, another process) never names another row.
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant TEXT NOT NULL,
+        key TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        -- No foreign key: sessions and items would reference each other and a
+        -- cascading delete would trip over the cycle. Written in the same
+        -- transaction as the item it names.
+        head_item_id INTEGER,
+        UNIQUE (tenant, key)
+    );
+    CREATE INDEX sessions_updated_at ON sessions (updated_at);
+    CREATE INDEX sessions_tenant_updated_at ON sessions (tenant, updated_at);
+
+    CREATE TABLE items (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id INTEGER NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        -- No foreign key: items only ever go with their whole session, and a
+        -- self-reference would make that cascade quadratic without another index.
+        parent_id INTEGER,
+        path_hash TEXT NOT NULL,
+        content_hash TEXT NOT NULL,
+        role TEXT NOT NULL,
+        token_count INTEGER,
+        status TEXT NOT NULL,
+        message_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        UNIQUE (session_id, path_hash)
+    );
+    CREATE INDEX items_session_parent ON items (session_id, parent_id);
+
+    CREATE TABLE requests (
+        id TEXT PRIMARY KEY,
+        session_id INTEGER REFERENCES sessions (id) ON DELETE CASCADE,
+        tenant TEXT NOT NULL,
+        session_key TEXT,
+        endpoint TEXT NOT NULL,
+        route TEXT NOT NULL,
+        policy TEXT NOT NULL,
+        mode TEXT,
+        model TEXT,
+        stream INTEGER NOT NULL,
+        status INTEGER NOT NULL,
+        upstream_status INTEGER,
+        messages_before INTEGER NOT NULL,
+        messages_after INTEGER NOT NULL,
+        tokens_before INTEGER NOT NULL,
+        tokens_after INTEGER NOT NULL,
+        turns_dropped INTEGER NOT NULL,
+        messages_dropped INTEGER NOT NULL,
+        dropped_indexes TEXT NOT NULL,
+        dropped_item_ids TEXT NOT NULL,
+        reason TEXT,
+        error TEXT,
+        incomplete INTEGER NOT NULL,
+        upstream_ms REAL,
+        total_ms REAL,
+        usage_json TEXT,
+        detail_json TEXT NOT NULL,
+        first_item_id INTEGER,
+        last_item_id INTEGER,
+        reply_item_id INTEGER,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX requests_session_created ON requests (session_id, created_at);
+    -- A failed first call has no session row yet; its request is found by name.
+    CREATE INDEX requests_tenant_key_created ON requests (tenant, session_key, created_at);
+    """,
+)
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a script into complete statements (``executescript`` would commit early)."""
+    statements: list[str] = []
+    buffer = ""
+    for char in script:
+        buffer += char
+        if char == ";" and sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        # A last statement without its semicolon: keep it rather than drop it.
+        statements.append(buffer.strip())
+    return statements
+
+
+async def migrate(conn: Any) -> list[int]:
+    """Apply pending migrations on an aiosqlite connection in autocommit mode.
+
+    Returns the versions applied now. Safe to run from several processes at
+    once: each version is re-checked inside its write transaction.
+    """
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations"
+        " (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+    )
+    applied: list[int] = []
+    for version, script in enumerate(MIGRATIONS, start=1):
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            async with conn.execute(
+                "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
+            ) as cursor:
+                done = await cursor.fetchone() is not None
+            if not done:
+                for statement in split_statements(script):
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                    (version, time.time()),
+                )
+                applied.append(version)
+            await conn.execute("COMMIT")
+        except BaseException:
+            # Undo the half-applied version whatever went wrong, then re-raise.
+            await rollback(conn)
+            raise
+    return applied
+
+
+async def rollback(conn: Any) -> None:
+    """Roll back if a transaction is open (some errors already ended it)."""
+    if conn.in_transaction:
+        await conn.execute("ROLLBACK")

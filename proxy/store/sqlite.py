@@ -1,0 +1,346 @@
+"""The SQLite store: WAL mode, reads on aiosqlite, writes group-committed by one writer.
+
+Each exchange is one atomic job (its own savepoint inside the writer's
+transaction; see proxy/store/writer.py). Writers in other processes are
+serialised by SQLite itself (``BEGIN IMMEDIATE`` plus a busy timeout). Reads
+see only committed data, so they never observe half an exchange.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import orjson
+
+from proxy.store.base import (
+    ExchangeResult,
+    MessageIn,
+    RequestRecord,
+    SessionInfo,
+    SessionRef,
+    StoredItem,
+    chain_path_hashes,
+    dropped_item_ids,
+    request_row,
+)
+from proxy.store.migrations import migrate
+from proxy.store.writer import SqliteWriter
+
+_T = TypeVar("_T")
+
+# Well under SQLite's bound-variable limit (999 on old builds).
+_CHUNK = 500
+
+_SESSION_INFO = """
+    SELECT s.id, s.tenant, s.key, s.created_at, s.updated_at, s.head_item_id,
+        (SELECT COUNT(*) FROM items i WHERE i.session_id = s.id) AS item_count,
+        (SELECT COUNT(*) FROM requests r
+            WHERE r.tenant = s.tenant AND r.session_key = s.key) AS request_count,
+        (SELECT COALESCE(SUM(i.token_count), 0) FROM items i
+            WHERE i.session_id = s.id) AS stored_tokens
+    FROM sessions s
+"""
+
+_INSERT_ITEM = """
+    INSERT INTO items (session_id, parent_id, path_hash, content_hash, role,
+        token_count, status, message_json, created_at)
+    VALUES (?, (SELECT id FROM items WHERE session_id = ? AND path_hash = ?),
+        ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (session_id, path_hash) DO NOTHING
+"""
+
+_HISTORY = """
+    WITH RECURSIVE chain (id, depth) AS (
+        SELECT head_item_id, 0 FROM sessions
+            WHERE tenant = ? AND key = ? AND head_item_id IS NOT NULL
+        UNION ALL
+        SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
+            WHERE items.parent_id IS NOT NULL
+    )
+    SELECT items.* FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
+"""
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+class SqliteStore:
+    """Reads on an aiosqlite connection; writes through the group-committing writer."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._db: aiosqlite.Connection | None = None
+        self._writer: SqliteWriter | None = None
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no implicit transactions; migrations issue BEGIN themselves.
+        db = await aiosqlite.connect(self.path, isolation_level=None)
+        writer = SqliteWriter(self.path, busy_timeout_ms=self._busy_timeout_ms)
+        try:
+            db.row_factory = sqlite3.Row
+            await db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            await db.execute("PRAGMA journal_mode = WAL")
+            await db.execute("PRAGMA synchronous = NORMAL")
+            await db.execute("PRAGMA foreign_keys = ON")
+            await migrate(db)
+            await writer.open()
+        except BaseException:
+            await db.close()
+            raise
+        self._db, self._writer = db, writer
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            # Writes whose callers were cancelled finish first; their callers saw any error.
+            writer, self._writer = self._writer, None
+            await writer.close()
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
+
+    @property
+    def _conn(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("SqliteStore is not open")
+        return self._db
+
+    def _write(self, job: Callable[[sqlite3.Connection], _T]) -> Awaitable[_T]:
+        if self._writer is None:
+            raise RuntimeError("SqliteStore is not open")
+        return self._writer.submit(job)
+
+    async def record_exchange(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> ExchangeResult | None:
+        """Store one exchange atomically (see ``Store.record_exchange``).
+
+        A failed call (empty conversation, no reply) leaves the session row
+        untouched, head and ``updated_at`` included; it returns the session id
+        if the session exists and None otherwise.
+        """
+        return await self._write(
+            functools.partial(_record, session, list(conversation), reply, request)
+        )
+
+    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
+        return list(await self._conn.execute_fetchall(query, params))
+
+    async def history(self, session: SessionRef) -> list[StoredItem]:
+        return [_item(row) for row in await self._fetch(_HISTORY, (session.tenant, session.key))]
+
+    async def get_session(self, session: SessionRef) -> SessionInfo | None:
+        query = _SESSION_INFO + " WHERE s.tenant = ? AND s.key = ?"
+        rows = await self._fetch(query, (session.tenant, session.key))
+        return SessionInfo(*rows[0]) if rows else None
+
+    async def list_sessions(
+        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[SessionInfo]:
+        where, params = ("", ()) if tenant is None else (" WHERE s.tenant = ?", (tenant,))
+        query = _SESSION_INFO + where + " ORDER BY s.updated_at DESC, s.id DESC LIMIT ? OFFSET ?"
+        return [SessionInfo(*row) for row in await self._fetch(query, (*params, limit, offset))]
+
+    async def requests(self, session: SessionRef) -> list[dict[str, Any]]:
+        """Every request that named the session, those made before it existed included."""
+        query = (
+            "SELECT * FROM requests WHERE tenant = ? AND session_key = ? ORDER BY created_at, rowid"
+        )
+        return [_request(row) for row in await self._fetch(query, (session.tenant, session.key))]
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        rows = await self._fetch("SELECT * FROM requests WHERE id = ?", (request_id,))
+        return _request(rows[0]) if rows else None
+
+    async def delete_session(self, session: SessionRef) -> bool:
+        """Delete the session, its items and every request that named it.
+
+        Returns False if there was no session row (requests that named it
+        before it existed are deleted all the same).
+        """
+        requests = "DELETE FROM requests WHERE tenant = ? AND session_key = ?"
+        sessions = "DELETE FROM sessions WHERE tenant = ? AND key = ? RETURNING id"
+        return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
+
+    async def delete_idle_sessions(self, older_than: float) -> int:
+        # Requests made before their session existed have no session id for
+        # the cascade to follow: they go by name.
+        requests = (
+            "DELETE FROM requests WHERE session_id IS NULL AND (tenant, session_key) IN"
+            " (SELECT tenant, key FROM sessions WHERE updated_at < ?)"
+        )
+        sessions = "DELETE FROM sessions WHERE updated_at < ? RETURNING id"
+        return len(await self._delete(requests, sessions, (older_than,)))
+
+    async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
+        return await self._write(functools.partial(_delete_rows, requests, sessions, params))
+
+
+def _item(row: sqlite3.Row) -> StoredItem:
+    columns = dict(row)
+    message = orjson.loads(columns.pop("message_json"))
+    return StoredItem(**columns, message=message)
+
+
+def _request(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    usage = out.pop("usage_json")
+    out["usage"] = None if usage is None else orjson.loads(usage)
+    out["detail"] = orjson.loads(out.pop("detail_json"))
+    out["dropped_indexes"] = orjson.loads(out["dropped_indexes"])
+    out["dropped_item_ids"] = orjson.loads(out["dropped_item_ids"])
+    out["stream"] = bool(out["stream"])
+    out["incomplete"] = bool(out["incomplete"])
+    return out
+
+
+# -- write jobs: plain functions run by the writer, inside its transaction ------
+
+
+def _record(
+    session: SessionRef | None,
+    conversation: Sequence[MessageIn],
+    reply: MessageIn | None,
+    request: RequestRecord,
+    conn: sqlite3.Connection,
+) -> ExchangeResult | None:
+    now = time.time()
+    created_at = request.created_at or now
+    if session is None or (not conversation and reply is None):
+        session_id = None if session is None else _session_id(conn, session)
+        _insert_request(conn, request, session_id, created_at, session=session)
+        return None if session_id is None else ExchangeResult(session_id, [], None, 0)
+
+    chain = [*conversation, *([reply] if reply is not None else [])]
+    hashes = chain_path_hashes([m.content_hash for m in chain])
+    session_id = _upsert_session(conn, session, now)
+    ids, missing = _store_chain(conn, session_id, chain, hashes, now)
+    conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
+    item_ids = ids[: len(conversation)]
+    reply_id = ids[-1] if reply is not None else None
+    _insert_request(
+        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    new_messages = sum(1 for i in missing if i < len(conversation))
+    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+
+
+def _session_id(conn: sqlite3.Connection, session: SessionRef) -> int | None:
+    row = conn.execute(
+        "SELECT id FROM sessions WHERE tenant = ? AND key = ?", (session.tenant, session.key)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _upsert_session(conn: sqlite3.Connection, session: SessionRef, now: float) -> int:
+    row = conn.execute(
+        "INSERT INTO sessions (tenant, key, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at"
+        " RETURNING id",
+        (session.tenant, session.key, now, now),
+    ).fetchone()
+    if row is None:  # cannot happen: an upsert with RETURNING always yields its row
+        raise RuntimeError("session upsert returned no row")
+    return int(row[0])
+
+
+def _store_chain(
+    conn: sqlite3.Connection,
+    session_id: int,
+    chain: Sequence[MessageIn],
+    hashes: Sequence[str],
+    now: float,
+) -> tuple[list[int], list[int]]:
+    """Item ids for the whole chain, inserting what is missing; and the missing positions."""
+    # One lookup for the whole chain: a resent history is mostly known.
+    known = _select_ids(conn, session_id, hashes)
+    missing = [i for i, h in enumerate(hashes) if h not in known]
+    if missing:
+        # In chain order, so each parent exists by the time its child is inserted.
+        rows = [
+            (
+                session_id,
+                session_id,
+                hashes[i - 1] if i else None,
+                hashes[i],
+                chain[i].content_hash,
+                chain[i].role,
+                chain[i].token_count,
+                chain[i].status,
+                _dumps(chain[i].message),
+                now,
+            )
+            for i in missing
+        ]
+        conn.executemany(_INSERT_ITEM, rows)
+        known.update(_select_ids(conn, session_id, [hashes[i] for i in missing]))
+    return [known[h] for h in hashes], missing
+
+
+def _select_ids(conn: sqlite3.Connection, session_id: int, hashes: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(hashes), _CHUNK):
+        chunk = hashes[start : start + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        rows = conn.execute(
+            f"SELECT path_hash, id FROM items WHERE session_id = ? AND path_hash IN ({marks})",
+            (session_id, *chunk),
+        )
+        found.update({row[0]: row[1] for row in rows})
+    return found
+
+
+def _insert_request(
+    conn: sqlite3.Connection,
+    request: RequestRecord,
+    session_id: int | None,
+    created_at: float,
+    *,
+    session: SessionRef | None = None,
+    item_ids: Sequence[int] = (),
+    reply_id: int | None = None,
+) -> None:
+    row = request_row(
+        request,
+        session_id=session_id,
+        tenant=session.tenant if session else request.tenant,
+        session_key=session.key if session else request.session_key,
+        dropped_item_ids=dropped_item_ids(request, item_ids),
+        first_item_id=item_ids[0] if item_ids else None,
+        last_item_id=item_ids[-1] if item_ids else None,
+        reply_item_id=reply_id,
+        created_at=created_at,
+    )
+    usage, detail = row.pop("usage"), row.pop("detail")
+    row["usage_json"] = None if usage is None else _dumps(usage)
+    row["detail_json"] = _dumps(detail)
+    row["dropped_indexes"] = _dumps(row["dropped_indexes"])
+    row["dropped_item_ids"] = _dumps(row["dropped_item_ids"])
+    columns = ", ".join(row)
+    marks = ", ".join(f":{name}" for name in row)
+    try:
+        conn.execute(f"INSERT INTO requests ({columns}) VALUES ({marks})", row)
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+            raise ValueError(f"request id already stored: {request.id!r}") from exc
+        raise
+
+
+def _delete_rows(
+    requests: str, sessions: str, params: tuple[Any, ...], conn: sqlite3.Connection
+) -> list[int]:
+    """Both deletes in one transaction; items and linked requests go by cascade."""
+    conn.execute(requests, params)
+    return [int(row[0]) for row in conn.execute(sessions, params).fetchall()]
