@@ -134,12 +134,12 @@ def test_newest_turn_over_budget_is_a_400_context_length_exceeded(fake, start_pr
     assert upstream.received == []
 
 
-def test_request_max_tokens_is_reserved_from_the_budget(fake, start_proxy):
+def test_request_max_tokens_is_reserved_from_the_context_window_budget(fake, start_proxy):
+    upstream, _ = fake
+    # gpt-4o's window is 128,000 tokens in litellm's model map: 0.003 of it is 384.
     proxy = start_proxy(
-        policies={"fit": {"strategy": "trim", "max_tokens": 400}},
-        routes=[
-            {"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "fit"}
-        ],
+        policies={"share": {"strategy": "trim", "context_fraction": 0.003}},
+        routes=[{"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "share"}],
     )
     messages: list[dict[str, Any]] = []
     for t in range(20):
@@ -153,10 +153,22 @@ def test_request_max_tokens_is_reserved_from_the_budget(fake, start_proxy):
     narrow = c.chat.completions.with_raw_response.create(
         model="gpt-4o", messages=messages, max_completion_tokens=200
     )
-    assert int(narrow.headers["x-context-tokens-after"]) <= 200
-    assert int(narrow.headers["x-context-tokens-after"]) < int(
-        wide.headers["x-context-tokens-after"]
+    assert 200 < int(wide.headers["x-context-tokens-after"]) <= 384
+    assert int(narrow.headers["x-context-tokens-after"]) <= 384 - 200
+    assert len(upstream.received[-1].json["messages"]) < len(upstream.received[-2].json["messages"])
+
+
+def test_client_max_tokens_does_not_shrink_an_absolute_budget(fake, start_proxy):
+    upstream, _ = fake
+    proxy = start_proxy(
+        policies={"fit": {"strategy": "trim", "max_tokens": 400}},
+        routes=[{"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "fit"}],
     )
+    raw = client(proxy).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=4096
+    )
+    assert raw.http_response.status_code == 200
+    assert len(upstream.received) == 1
 
 
 def test_orphan_tool_result_from_the_client_is_repaired_and_recorded(fake, start_proxy, tmp_path):

@@ -1,0 +1,35 @@
+"""One entry point for every policy: dispatch on the spec's type."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from policies.trim import trim
+from policies.types import Budget, CountFn, Decision, Message, NoneSpec, PolicySpec, TrimSpec
+
+
+def apply(
+    messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget
+) -> Decision:
+    """The decision ``spec`` makes for ``messages``; raises ContextTooLong when it cannot fit."""
+    if isinstance(spec, TrimSpec):
+        return trim(messages, spec, count, budget)
+    if isinstance(spec, NoneSpec):
+        return passthrough(messages, count, budget)
+    raise TypeError(f"unknown policy spec: {spec!r}")
+
+
+def passthrough(messages: Sequence[Message], count: CountFn, budget: Budget) -> Decision:
+    """Everything forwarded as it came: no drop, no repair, no budget check.
+
+    Counted all the same, so what a conversation costs is known (and logged)
+    under every policy.
+    """
+    tokens = sum(map(count, messages)) + budget.fixed
+    return Decision(
+        messages=list(messages),
+        kept=tuple(range(len(messages))),
+        tokens_before=tokens,
+        tokens_after=tokens,
+        budget=budget.limit,
+    )

@@ -1,0 +1,389 @@
+"""Token counts for chat requests: tiktoken with litellm's bundled files, cached per message.
+
+Counts follow OpenAI's cookbook: 3 tokens per message, every string field
+encoded (role, content, name, tool_call_id...), 1 more for ``name``, and 3
+for priming the reply. What the cookbook leaves open is estimated here and
+documented by the constant that holds it; ``scale`` lets calibration against
+the upstream's reported usage correct the lot.
+
+litellm is deliberately not imported (its import takes seconds); only its
+bundled tokenizer files are used, through ``TIKTOKEN_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+import tiktoken
+
+PER_MESSAGE = 3
+PER_NAME = 1
+REPLY_PRIMING = 3
+# Wrapper tokens around one tool call's name and arguments (estimate).
+PER_TOOL_CALL = 3
+# Around the rendered tool namespace (litellm's constant).
+TOOLS_OVERHEAD = 9
+# A named tool_choice / function_call (litellm's constant, plus the name).
+NAMED_CHOICE = 7
+# Images are not fetched to size them: ``detail: low`` is a flat 85; anything
+# else is priced as a 1024x1024 image at high detail (85 + 4 tiles x 170).
+IMAGE_LOW = 85
+IMAGE_DEFAULT = 765
+# Audio and file parts: a placeholder of one default image until calibrated.
+MEDIA_ESTIMATE = 765
+CACHE_SIZE = 100_000
+# The encodings litellm bundles; anything else would be downloaded.
+SUPPORTED_ENCODINGS = ("o200k_base", "cl100k_base")
+
+_O200K_MODELS = re.compile(r"(?:ft:)?(?:gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|o[1-9])")
+_SORTED = orjson.OPT_SORT_KEYS
+
+
+class TokenCounter(Protocol):
+    encoding_name: str
+    # Calibration factor: every count is ceil(raw * scale).
+    scale: float
+
+    def count_message(self, message: Mapping[str, Any], key: Hashable | None = None) -> int: ...
+
+    def count_messages(self, messages: Iterable[Mapping[str, Any]]) -> int: ...
+
+    def count_tools(self, tools: list[Any] | None) -> int: ...
+
+    def count_request_fixed(self, body: Mapping[str, Any]) -> int: ...
+
+
+class Encoder(Protocol):
+    """The part of a tiktoken Encoding a counter uses (tests wrap it)."""
+
+    name: str
+
+    def encode_ordinary(self, text: str) -> list[int]: ...
+
+
+def encoding_name_for(model: str) -> str:
+    """The encoding litellm and tiktoken use for ``model``; cl100k_base when unknown.
+
+    A provider prefix (``openai/``, ``azure/eu/``) is ignored.
+    """
+    name = model.rsplit("/", 1)[-1].strip().lower()
+    if _O200K_MODELS.match(name):
+        return "o200k_base"
+    try:
+        found = tiktoken.encoding_name_for_model(name)
+    except KeyError:
+        return "cl100k_base"
+    return found if found in SUPPORTED_ENCODINGS else "cl100k_base"
+
+
+_ENCODINGS: dict[str, Encoder] = {}
+
+
+def load_encoding(name: str) -> Encoder:
+    """An encoding, loaded once per process from litellm's bundled files."""
+    encoding = _ENCODINGS.get(name)
+    if encoding is None:
+        _default_cache_dir()
+        encoding = _ENCODINGS[name] = tiktoken.get_encoding(name)
+    return encoding
+
+
+def _default_cache_dir() -> None:
+    # The app sets TIKTOKEN_CACHE_DIR; if nobody did, point it at litellm's
+    # files anyway, because tiktoken would otherwise download on the hot path.
+    if os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR"):
+        return
+    spec = importlib.util.find_spec("litellm")
+    if spec is not None and spec.origin is not None:
+        tokenizers = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(tokenizers)
+
+
+class CountCache:
+    """Raw counts by message content, least recently used evicted first.
+
+    Keys are Python's hash of the message's canonical JSON (plus its length):
+    a fast hash with a per-process key; a collision would cost one wrong
+    count, never wrong content.
+    """
+
+    def __init__(self, maxsize: int = CACHE_SIZE) -> None:
+        self.maxsize = maxsize
+        self._data: OrderedDict[Hashable, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: Hashable) -> int | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: int) -> None:
+        self._data[key] = value
+        if len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+
+
+_CACHES: dict[str, CountCache] = {}
+
+
+def _key(value: object, kind: bytes = b"") -> tuple[int, int]:
+    try:
+        data = kind + orjson.dumps(value, option=_SORTED, default=_jsonable)
+    except TypeError:  # orjson's JSONEncodeError: e.g. an integer over 64 bits
+        data = kind + repr(value).encode()
+    return len(data), hash(data)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+class TiktokenCounter:
+    """A :class:`TokenCounter` for one model; use :func:`counter_for` to share one.
+
+    Counters of the same encoding share one cache of raw counts, so a message
+    is tokenized once per process whichever model it is sent to. A counter
+    given its own ``encoding`` (tests) gets its own cache.
+    """
+
+    def __init__(self, model: str, *, encoding: Encoder | None = None) -> None:
+        self.model = model
+        self.scale = 1.0
+        if encoding is None:
+            self.encoding_name = encoding_name_for(model)
+            self._encoding = load_encoding(self.encoding_name)
+            self._cache = _CACHES.setdefault(self.encoding_name, CountCache())
+        else:
+            self.encoding_name = encoding.name
+            self._encoding = encoding
+            self._cache = CountCache()
+
+    def _scaled(self, raw: int) -> int:
+        return raw if self.scale == 1.0 else math.ceil(raw * self.scale)
+
+    def count_message(self, message: Mapping[str, Any], key: Hashable | None = None) -> int:
+        return self._scaled(self.raw_message(message, key))
+
+    def count_messages(self, messages: Iterable[Mapping[str, Any]]) -> int:
+        return sum(self.count_message(m) for m in messages)
+
+    def raw_message(self, message: Mapping[str, Any], key: Hashable | None = None) -> int:
+        """The unscaled count, from the cache when this content was counted before.
+
+        ``key``: the caller's own identity for this content (the session
+        layer's content hash), so a message is serialised and hashed once per
+        request, not once for storage and again for counting.
+        """
+        if key is None:
+            key = _key(message)
+        raw = self._cache.get(key)
+        if raw is None:
+            raw = self._message_tokens(message)
+            self._cache.put(key, raw)
+        return raw
+
+    def count_tools(self, tools: list[Any] | None) -> int:
+        """Tokens of the ``tools`` definitions, as OpenAI renders function tools."""
+        if not tools:
+            return 0
+        return self._scaled(self._cached(b"tools", tools, self._tools_tokens))
+
+    def count_functions(self, functions: list[Any] | None) -> int:
+        """Tokens of the legacy ``functions`` definitions."""
+        if not functions:
+            return 0
+        return self._scaled(self._cached(b"functions", functions, self._functions_tokens))
+
+    def count_request_fixed(self, body: Mapping[str, Any]) -> int:
+        """What a request costs besides its messages: tools, functions, a named choice, priming."""
+        choice = body.get("tool_choice") or body.get("function_call")
+        return (
+            self.count_tools(body.get("tools"))
+            + self.count_functions(body.get("functions"))
+            + self._scaled(self._choice_tokens(choice))
+            + REPLY_PRIMING
+        )
+
+    # Counting, uncached.
+
+    def _text(self, text: str) -> int:
+        return len(self._encoding.encode_ordinary(text))
+
+    def _cached(self, kind: bytes, value: list[Any], tokens: Callable[[list[Any]], int]) -> int:
+        key = _key(value, kind)
+        raw = self._cache.get(key)
+        if raw is None:
+            raw = tokens(value)
+            self._cache.put(key, raw)
+        return raw
+
+    def _message_tokens(self, message: Mapping[str, Any]) -> int:
+        tokens = PER_MESSAGE
+        for key, value in message.items():
+            if value is None:
+                continue
+            if key == "content":
+                tokens += self._content_tokens(value)
+            elif key == "tool_calls" and isinstance(value, list):
+                tokens += sum(self._call_tokens(call.get("function")) for call in _mappings(value))
+            elif key == "function_call":
+                tokens += self._call_tokens(value)
+            elif isinstance(value, str):
+                tokens += self._text(value) + (PER_NAME if key == "name" else 0)
+            # Other structured fields (audio references, annotations) are not
+            # shown to the model as text; litellm skips them too.
+        return tokens
+
+    def _content_tokens(self, content: object) -> int:
+        if isinstance(content, str):
+            return self._text(content)
+        if isinstance(content, list):
+            return sum(self._part_tokens(part) for part in content)
+        return self._text(_dumps(content))
+
+    def _part_tokens(self, part: object) -> int:
+        if not isinstance(part, Mapping):
+            return self._text(_dumps(part))
+        kind = part.get("type")
+        if kind in ("text", "refusal", "input_text", "output_text"):
+            text = part.get(kind if kind == "refusal" else "text")
+            return self._text(text) if isinstance(text, str) else 0
+        if kind in ("image_url", "input_image"):
+            image = part.get("image_url")
+            detail = image.get("detail") if isinstance(image, Mapping) else part.get("detail")
+            return IMAGE_LOW if detail == "low" else IMAGE_DEFAULT
+        if kind in ("input_audio", "file", "input_file"):
+            return MEDIA_ESTIMATE
+        return self._text(_dumps(part))
+
+    def _call_tokens(self, call: object) -> int:
+        if not isinstance(call, Mapping):
+            return PER_TOOL_CALL
+        name = call.get("name")
+        arguments = call.get("arguments")
+        return (
+            PER_TOOL_CALL
+            + (self._text(name) if isinstance(name, str) else 0)
+            + (self._text(arguments if isinstance(arguments, str) else _dumps(arguments)))
+        )
+
+    def _choice_tokens(self, choice: object) -> int:
+        if choice == "none":
+            return 1
+        if isinstance(choice, Mapping):
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+            if isinstance(name, str):
+                return NAMED_CHOICE + self._text(name)
+        return 0
+
+    def _tools_tokens(self, tools: list[Any]) -> int:
+        functions = [t.get("function") for t in _mappings(tools)]
+        others = [t for t in tools if not (isinstance(t, Mapping) and t.get("function"))]
+        return self._functions_tokens([f for f in functions if f]) + sum(
+            self._text(_dumps(t)) for t in others
+        )
+
+    def _functions_tokens(self, functions: list[Any]) -> int:
+        rendered = render_functions(list(_mappings(functions)))
+        return self._text(rendered) + TOOLS_OVERHEAD if rendered else 0
+
+
+@lru_cache(maxsize=256)
+def counter_for(model: str) -> TiktokenCounter:
+    """The process's counter for ``model`` (bounded: model names come from clients)."""
+    return TiktokenCounter(model)
+
+
+def _mappings(values: Iterable[object]) -> Iterable[Mapping[str, Any]]:
+    return (v for v in values if isinstance(v, Mapping))
+
+
+def _dumps(value: object) -> str:
+    try:
+        return orjson.dumps(value, default=_jsonable).decode()
+    except TypeError:  # not JSON after all: count what it prints as
+        return str(value)
+
+
+# OpenAI shows function tools to the model as a TypeScript namespace; counting
+# that rendering (as litellm does) is closer than counting the JSON schema.
+
+
+def render_functions(functions: list[Mapping[str, Any]]) -> str:
+    lines = ["namespace functions {", ""]
+    for function in functions:
+        name = function.get("name")
+        if not name:
+            continue
+        description = function.get("description")
+        if description:
+            lines.append(f"// {description}")
+        parameters = function.get("parameters")
+        if isinstance(parameters, Mapping) and parameters.get("properties"):
+            lines += [f"type {name} = (_: {{", _render_object(parameters, 0), "}) => any;"]
+        else:
+            lines.append(f"type {name} = () => any;")
+        lines.append("")
+    if len(lines) == 2:
+        return ""
+    lines.append("} // namespace functions")
+    return "\n".join(lines)
+
+
+def _render_object(schema: Mapping[str, Any], indent: int) -> str:
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping):
+        return ""
+    required = schema.get("required")
+    required = required if isinstance(required, list) else []
+    lines: list[str] = []
+    for key, prop in properties.items():
+        description = prop.get("description") if isinstance(prop, Mapping) else None
+        if description:
+            lines.append(f"// {description}")
+        optional = "" if key in required else "?"
+        lines.append(f"{key}{optional}: {_render_type(prop, indent)},")
+    return "\n".join(" " * indent + line for line in lines)
+
+
+def _render_type(prop: object, indent: int) -> str:
+    # Depth is bounded: schemas come from clients.
+    if not isinstance(prop, Mapping) or indent > 32:
+        return "any"
+    kind = prop.get("type")
+    enum = prop.get("enum")
+    if isinstance(enum, list) and kind in ("string", "integer", "number"):
+        return " | ".join(f'"{item}"' for item in enum)
+    if kind == "array":
+        return f"{_render_type(prop.get('items'), indent)}[]"
+    if kind == "object" and isinstance(prop.get("properties"), Mapping):
+        return f"{{\n{_render_object(prop, indent + 2)}\n}}"
+    variants = prop.get("anyOf") or prop.get("oneOf")
+    if isinstance(variants, list) and variants:
+        return " | ".join(_render_type(v, indent) for v in variants)
+    return _SIMPLE_TYPES.get(kind, "any") if isinstance(kind, str) else "any"
+
+
+_SIMPLE_TYPES = {
+    "string": "string",
+    "integer": "number",
+    "number": "number",
+    "boolean": "boolean",
+    "null": "null",
+    "object": "object",
+}
