@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+from policies.summarize import plan
 from policies.trim import trim
-from policies.types import Budget, CountFn, Decision, Message, NoneSpec, PolicySpec, TrimSpec
+from policies.types import (
+    Budget,
+    CountFn,
+    Decision,
+    Message,
+    NoneSpec,
+    PolicySpec,
+    SummarizeSpec,
+    TrimSpec,
+)
 
 
 def apply(
@@ -16,6 +27,8 @@ def apply(
         return trim(messages, spec, count, budget)
     if isinstance(spec, NoneSpec):
         return passthrough(messages, count, budget)
+    if isinstance(spec, SummarizeSpec):
+        return summarize_stateless(messages, spec, count, budget)
     raise TypeError(f"unknown policy spec: {spec!r}")
 
 
@@ -33,3 +46,20 @@ def passthrough(messages: Sequence[Message], count: CountFn, budget: Budget) -> 
         tokens_after=tokens,
         budget=budget.limit,
     )
+
+
+def summarize_stateless(
+    messages: Sequence[Message], spec: SummarizeSpec, count: CountFn, budget: Budget
+) -> Decision:
+    """A summarize policy with no stored summary and no summarizer at hand.
+
+    What it forwards when no summary is needed; when one is, the trimming
+    fallback, marked ``extra["summary_needed"]`` (the proxy makes summaries;
+    a pure caller cannot).
+    """
+    planned = plan(messages, spec, count, budget)
+    if planned.decision is not None:
+        return planned.decision
+    assert planned.fallback is not None  # a plan with a task always has its fallback
+    decision = planned.fallback
+    return dataclasses.replace(decision, extra={**decision.extra, "summary_needed": True})

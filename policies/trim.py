@@ -42,7 +42,8 @@ most that), so only kept results are ever clipped and the replay stays O(units).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
@@ -75,6 +76,31 @@ def budget_limit(spec: TrimSpec, context_window: int | None, reserve: int) -> in
     return min(limits) if limits else None
 
 
+# Shortens one element's text to a token target: the new element and its count,
+# or None when it fits or has nothing to shorten (see clip_tool_result).
+ClipFn = Callable[[Message, int, CountFn, int], tuple[Message, int] | None]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a list's units are, as ascending indexes into it.
+
+    Trimming itself is format-blind: chat messages (:func:`trim`) and
+    Responses items (``policies.items``) each say which elements are pinned,
+    which are broken input to drop, where turns start and what may be clipped.
+    """
+
+    # Never dropped, in no unit (system and developer messages).
+    system: Sequence[int]
+    # Dropped as repairs (unpaired tool calls and results), in no unit.
+    orphans: tuple[int, ...]
+    # Where each turn starts. Elements before the first start that are neither
+    # pinned nor orphans form the leading pseudo-turn.
+    starts: Sequence[int]
+    # Elements whose text may be clipped to ``tool_output_max_tokens``.
+    clippable: Sequence[int]
+
+
 def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Budget) -> Decision:
     """Apply ``spec`` to ``messages``; see the module docstring for the rules.
 
@@ -86,18 +112,37 @@ def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Bu
     request is read on every call, so the per-message constant is what scales).
     """
     msgs = list(messages)
+    roles = roles_of(msgs)
+    layout = Layout(
+        system=[i for i, role in enumerate(roles) if role in SYSTEM_ROLES],
+        orphans=find_orphans(msgs, roles),
+        starts=[i for i, role in enumerate(roles) if role == "user"],
+        clippable=[i for i, role in enumerate(roles) if role == "tool"],
+    )
+    return trim_units(msgs, layout, spec, count, budget, clip_tool_result)
+
+
+def trim_units(
+    elements: Sequence[Message],
+    layout: Layout,
+    spec: TrimSpec,
+    count: CountFn,
+    budget: Budget,
+    clip: ClipFn,
+) -> Decision:
+    """:func:`trim` over any list whose units ``layout`` describes; ``clip`` shortens one."""
+    msgs = list(elements)
     total_n = len(msgs)
     costs = list(map(count, msgs))
     fixed = budget.fixed
     limit = budget.limit if budget.limit is not None else spec.max_tokens
     cap = spec.tool_output_max_tokens
 
-    roles = roles_of(msgs)
-    orphans = find_orphans(msgs, roles)
-    system = [i for i, role in enumerate(roles) if role in SYSTEM_ROLES]
+    orphans = layout.orphans
+    system = layout.system
     # Units start at 0 (the pseudo-turn, when it has a message left) and at each
-    # user message; system messages and orphans inside them cost nothing below.
-    bounds = [i for i, role in enumerate(roles) if role == "user"]
+    # turn start; system messages and orphans inside them cost nothing below.
+    bounds = list(layout.starts)
     first_user = bounds[0] if bounds else total_n
     if first_user - bisect_left(system, first_user) - bisect_left(orphans, first_user) > 0:
         bounds.insert(0, 0)
@@ -111,7 +156,7 @@ def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Bu
         member[i] = 0
     oversize = []
     if cap is not None:
-        oversize = [i for i, role in enumerate(roles) if role == "tool" and member[i] > cap]
+        oversize = [i for i in layout.clippable if member[i] > cap]
     q_raw = [0, *accumulate(member)]
     raw = [q_raw[bounds[k + 1]] - q_raw[bounds[k]] for k in range(n)]
     sim = raw
@@ -138,7 +183,7 @@ def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Bu
     newest_start = bounds[n - 1] if n else total_n
     for i in oversize:
         if bounds[cut] <= i < newest_start and cap is not None:
-            clipped = clip_tool_result(msgs[i], cap, count, costs[i])
+            clipped = clip(msgs[i], cap, count, costs[i])
             if clipped is not None:
                 replaced[i] = clipped
 
@@ -157,7 +202,7 @@ def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Bu
             # Only the newest unit is left: clip its results, largest first.
             newest = sorted((i for i in oversize if i >= newest_start), key=lambda i: -costs[i])
             for i in newest:
-                clipped = clip_tool_result(msgs[i], cap, count, costs[i])
+                clipped = clip(msgs[i], cap, count, costs[i])
                 if clipped is not None:
                     replaced[i] = clipped
                     total -= costs[i] - clipped[1]

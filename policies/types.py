@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from policies.facts import Fact
+
 # A chat message exactly as the client sent it (parsed JSON). Policies never
 # mutate one; a clipped tool result is a new dict.
 Message = Mapping[str, Any]
@@ -35,7 +37,91 @@ class TrimSpec:
     strategy: Literal["trim"] = "trim"
 
 
-PolicySpec = NoneSpec | TrimSpec
+@dataclass(frozen=True)
+class SummarizerSpec:
+    """Who writes a summary and how long it may be (``summarizer:`` of a summarize policy)."""
+
+    # None: the request's own model (and the route's upstream).
+    model: str | None = None
+    # None: the route's upstream.
+    upstream: str | None = None
+    max_tokens: int = 400
+    # The summarizer's instructions; None: the built-in structured prompt. The
+    # proxy reads ``prompt_file`` at config load, so the text is all a policy sees.
+    prompt: str | None = None
+    prompt_file: str | None = None
+    timeout_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class SummarizeSpec:
+    """`strategy: summarize`: older turns folded into a stored, incremental summary.
+
+    The history *passes the trigger* when the turns forwarded verbatim exceed
+    ``trigger_turns`` or the forwarded tokens exceed ``trigger_tokens``; the
+    turns before the last ``keep_last_turns`` (and after the first
+    ``keep_first_turns``) are then summarized. See :mod:`policies.summarize`.
+    """
+
+    trigger_turns: int | None = None
+    trigger_tokens: int | None = None
+    # None: as many of the newest turns as fit ``low_water`` of the token budget.
+    keep_last_turns: int | None = 3
+    # Turns at the start kept verbatim too (the task statement); the summary
+    # covers the middle. 0: the summary covers everything before the kept turns.
+    keep_first_turns: int = 0
+    # The budget every forwarded list must fit (the trimming fallback's too);
+    # None: trigger_tokens, or no token limit.
+    max_tokens: int | None = None
+    # A new summary leaves the kept turns within this share of the budget, so
+    # the next ones fit without summarizing again at once (hysteresis).
+    low_water: float = 0.7
+    # The summary (with its pinned facts) may use at most this share of the budget.
+    summary_share: float | None = None
+    tool_output_max_tokens: int | None = None
+    summarizer: SummarizerSpec = SummarizerSpec()
+    placement: Literal["system", "pair"] = "system"
+    # Prepare the next summary in the background once the history is this
+    # close to the trigger (a share of trigger_tokens; turns: one turn away).
+    prefetch: bool = True
+    prefetch_margin: float = 0.15
+    strategy: Literal["summarize"] = "summarize"
+
+
+PolicySpec = NoneSpec | TrimSpec | SummarizeSpec
+
+
+@dataclass(frozen=True)
+class SummaryState:
+    """A stored summary as this conversation sees it."""
+
+    # Where the units it covers end: the index of the first message after them.
+    covers: int
+    start_unit: int
+    text: str
+    facts: tuple[Fact, ...] = ()
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class SummaryTask:
+    """A summary to make: the units ``[start_unit, cut_unit)``, messages ``[start, end)``."""
+
+    start_unit: int
+    cut_unit: int
+    start: int
+    end: int
+    # Messages new to this summary (all of the range, or those after ``previous``).
+    source: tuple[int, ...]
+    previous: SummaryState | None
+    # The pinned facts the new summary carries: the previous ones and the source's.
+    facts: tuple[Fact, ...]
+    # The summarizer's answer budget.
+    max_tokens: int
+
+    def state(self, text: str, id: int | None = None) -> SummaryState:
+        """The summary this task yields once the summarizer wrote ``text``."""
+        return SummaryState(self.end, self.start_unit, text, self.facts, id)
 
 
 @dataclass(frozen=True)

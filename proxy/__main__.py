@@ -1,4 +1,8 @@
-"""Command line: `python -m proxy [serve] --config PATH`, `python -m proxy check --config PATH`."""
+"""Command line: `python -m proxy [serve] --config PATH`, `python -m proxy check --config PATH`.
+
+Also `python -m proxy sessions list|show|delete|export ...` and
+`python -m proxy replay FILE --config PATH --policy NAME` (see proxy/cli.py).
+"""
 
 from __future__ import annotations
 
@@ -54,6 +58,10 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("sessions", "replay"):
+        from proxy import cli
+
+        return cli.main(args)
     if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
         args.insert(0, "serve")
     ns = _parser().parse_args(args)

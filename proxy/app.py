@@ -13,14 +13,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.admin import ROUTES as ADMIN_ROUTES
 from proxy.chat import chat_completions
 from proxy.config import Config
 from proxy.errors import InvalidRequest, NotFound, ProxyError
+from proxy.expiry import Expiry
 from proxy.http import error_response, forward_headers, relay_headers
 from proxy.logging import get_logger
+from proxy.metrics import metrics_endpoint
 from proxy.model_info import context_window, offline_environment
+from proxy.preview import context_preview
+from proxy.reload import Reloader
+from proxy.responses import create_response
 from proxy.runtime import Runtime, build_upstream
 from proxy.store.base import Store
+from proxy.stored_responses import delete_response, list_input_items, retrieve_response
 from proxy.upstream.base import Upstream, UpstreamRequest
 
 log = get_logger()
@@ -32,7 +39,16 @@ async def healthz(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     """GET /v1/models[/{id}]: passed through to the upstream that serves that path."""
-    rt: Runtime = request.app.state.runtime
+    runtime: Runtime = request.app.state.runtime
+    # Pinned: a reload must not close the upstream while this call uses it.
+    rt = runtime.pin()
+    try:
+        return await _models(request, rt)
+    finally:
+        rt.release()
+
+
+async def _models(request: Request, rt: Runtime) -> Response:
     route = rt.router.for_path(request.url.path) or next(
         (r for r in rt.config.routes if rt.config.upstreams[r.upstream].base_url), None
     )
@@ -100,18 +116,31 @@ def create_app(
         if runtime.rewriter.needs_model_info():
             # Import litellm's model map now, off the event loop, not on a request.
             await asyncio.to_thread(context_window, "gpt-4o")
+        expiry = Expiry(runtime)
+        expiry.start()
+        reloader = Reloader(runtime, config.source)
+        reloader.install()
         log.info("proxy_started", routes=len(config.routes), config=config.source)
         try:
             yield {}
         finally:
+            reloader.uninstall()
+            await expiry.stop()
             await runtime.close()
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+            Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+            Route("/v1/context/preview", context_preview, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            *ADMIN_ROUTES,
         ],
         exception_handlers={
             ProxyError: _proxy_error,

@@ -17,8 +17,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from policies.types import Decision
+from policies.types import Decision, SummarizeSpec
 from proxy.config import RouteConfig
+from proxy.context_step import choose_mode, summarize
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.logging import get_logger
@@ -26,6 +27,7 @@ from proxy.runtime import Runtime
 from proxy.sessions import bearer_token, content_hash, session_key, session_ref, tenant_of
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
 from proxy.streaming import ChatReplyAssembler, reply_from_completion
+from proxy.summaries import SummaryContext, SummaryOutcome
 from proxy.tokens import counter_for
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
 
@@ -82,7 +84,15 @@ class ChatExchange:
         self.decision: Decision | None = None
         self.locked = False
         self.upstream_ms: float | None = None
+        self.policy_s: float | None = None
         self.raw = b""
+        self.hashes: list[str] | None = None
+        # The policy applied (a context mode may replace the route's), the mode,
+        # and what became of the summary (summarize policies only).
+        self.policy: str | None = None
+        self.mode: str | None = None
+        self.summary: SummaryOutcome | None = None
+        self.summary_ctx: SummaryContext | None = None
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -95,12 +105,21 @@ class ChatExchange:
         except BaseException:
             # Unexpected: the app's last-resort handler answers; never leave a session locked.
             self._unlock()
+            self.rt.release()
             raise
 
     async def _run(self) -> Response:
-        rt = self.rt
-        self.raw = await read_body(self.request, rt.config.server.max_body_bytes)
+        self.raw = await read_body(self.request, self.rt.config.server.max_body_bytes)
         body = parse_object(self.raw)
+        await self.plan(body)
+        return await self._send(body)
+
+    async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
+        """Everything before the upstream: route, session, stored history, the decision.
+
+        The preview endpoint runs exactly this, with ``lock=False`` (read-only).
+        """
+        rt = self.rt
         messages = validate_messages(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -113,13 +132,45 @@ class ChatExchange:
 
         self.conversation = messages
         if self.route.history == "server" and self.ref is not None:
-            # Serialise the session: the next request must see this one's reply.
-            await rt.locks.acquire(self.ref)
-            self.locked = True
+            if lock:
+                # Serialise the session: the next request must see this one's reply.
+                await rt.locks.acquire(self.ref)
+                self.locked = True
+            started = time.perf_counter()
             stored = await rt.store.history(self.ref)
+            rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
             self.conversation = [item.message for item in stored] + messages
 
-        self.decision = rt.rewriter.decide(self.route.policy, self.conversation, body, model)
+        # Hashed once: the store's identity for each message, and the token cache's key.
+        self.hashes = [content_hash(m) for m in self.conversation] if self.ref else None
+        choice = choose_mode(self.route, self.conversation, self.request.headers)
+        self.policy, self.mode = choice.policy, choice.mode
+        spec = rt.rewriter.spec(self.policy)
+        started = time.perf_counter()
+        if isinstance(spec, SummarizeSpec):
+            self.decision, self.summary, self.summary_ctx = await summarize(
+                rt,
+                spec,
+                route=self.route,
+                ref=self.ref,
+                conversation=self.conversation,
+                hashes=self.hashes,
+                body=body,
+                model=model,
+                headers=self.request.headers,
+                dry_run=not lock,
+            )
+        else:
+            self.decision = rt.rewriter.decide(
+                self.policy, self.conversation, body, model, self.hashes
+            )
+        waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
+        self.policy_s = time.perf_counter() - started - waited
+        return self.decision
+
+    async def _send(self, body: dict[str, Any]) -> Response:
+        rt = self.rt
+        assert self.route is not None and self.decision is not None  # plan() ran
         forwarded = self._forward_body(body)
         upstream_config = rt.config.upstreams[self.route.upstream]
         upstream = rt.upstreams[self.route.upstream]
@@ -175,6 +226,7 @@ class ChatExchange:
 
         async def relay() -> AsyncIterator[bytes]:
             error: ProxyError | None = None
+            self.rt.metrics.active_streams.inc()
             try:
                 async for chunk in response.iter_chunks():
                     assembler.feed(chunk)
@@ -184,6 +236,7 @@ class ChatExchange:
                 error = exc
                 yield b"data: " + exc.body_bytes() + b"\n\n"
             finally:
+                self.rt.metrics.active_streams.dec()
                 self._finish(
                     200,
                     assembler.message() if assembler.chunks else None,
@@ -205,7 +258,13 @@ class ChatExchange:
         if self.key is not None:
             h["x-session-id"] = self.key
         if self.route is not None:
-            h["x-context-policy"] = self.route.policy
+            h["x-context-policy"] = self.policy or self.route.policy
+        if self.mode is not None:
+            h["x-context-mode"] = self.mode
+        if self.summary is not None:
+            h["x-context-summary"] = self.summary.status
+            if self.summary.fallback is not None:
+                h["x-context-fallback"] = self.summary.fallback
         d = self.decision
         if d is not None:
             h["x-context-tokens-before"] = str(d.tokens_before)
@@ -238,6 +297,8 @@ class ChatExchange:
         total_ms = (time.perf_counter() - self.started) * 1000
         record = self._record(status, upstream_status, usage, incomplete, error, total_ms)
         self._log(record)
+        self._observe(record)
+        self.rt.release()
         if self.route is None or self.ref is None:
             # Unrouted requests belong nowhere; session-less ones are proxied, not stored.
             self._unlock()
@@ -257,6 +318,11 @@ class ChatExchange:
             if ok and reply is not None
             else None
         )
+        if reply_in is not None and not incomplete and self.summary_ctx is not None:
+            # After the answer: the summary the next request will need, made now.
+            self.rt.summaries.prefetch_after(
+                self.summary_ctx, reply_in.message, reply_in.content_hash
+            )
         self.rt.background.spawn(
             self._write(self.ref, conversation, reply_in, record, upstream),
             name=f"store-{self.id}",
@@ -273,7 +339,9 @@ class ChatExchange:
         try:
             if upstream is not None:
                 await upstream.close()
+            started = time.perf_counter()
             await self.rt.store.record_exchange(ref, conversation, reply, record)
+            self.rt.metrics.store_seconds.observe(("write",), time.perf_counter() - started)
         finally:
             self._unlock()
 
@@ -283,14 +351,12 @@ class ChatExchange:
             self.rt.locks.release(self.ref)
 
     def _stored_conversation(self) -> list[MessageIn]:
-        if self.ref is None:
+        if self.ref is None or self.hashes is None:
             return []
         count = counter_for(self.model or "").count_message
         return [
-            MessageIn(
-                message=m, content_hash=content_hash(m), role=str(m["role"]), token_count=count(m)
-            )
-            for m in self.conversation
+            MessageIn(message=m, content_hash=h, role=str(m["role"]), token_count=count(m, h))
+            for m, h in zip(self.conversation, self.hashes, strict=True)
         ]
 
     def _record(
@@ -307,7 +373,8 @@ class ChatExchange:
             id=self.id,
             tenant=self.tenant,
             route=self.route.name if self.route else "",
-            policy=self.route.policy if self.route else "",
+            policy=self.policy or (self.route.policy if self.route else ""),
+            mode=self.mode,
             model=self.model,
             stream=self.stream,
             status=status,
@@ -343,7 +410,29 @@ class ChatExchange:
                 ],
                 **d.extra,
             }
+        if self.summary is not None:
+            record.detail.update(self.summary.detail())
         return record
+
+    def _observe(self, r: RequestRecord) -> None:
+        """Metrics and token calibration: a few dict updates, no I/O."""
+        metrics = self.rt.metrics
+        fallback = r.detail.get("fallback")
+        metrics.observe_request(
+            route=r.route,
+            policy=r.policy,
+            status=r.status,
+            total_ms=r.total_ms,
+            upstream_ms=r.upstream_ms,
+            tokens_before=r.tokens_before,
+            tokens_after=r.tokens_after,
+            fallback=fallback if isinstance(fallback, str) else None,
+        )
+        if self.policy_s is not None:
+            metrics.policy_seconds.observe((r.policy,), self.policy_s)
+        if r.upstream_status == 200 and r.usage is not None:
+            # What was forwarded (messages plus tools and priming) vs what was billed.
+            self.rt.calibration.observe_usage(r.model, r.tokens_after, r.usage)
 
     def _log(self, r: RequestRecord) -> None:
         log.info(
@@ -353,6 +442,7 @@ class ChatExchange:
             tenant=r.tenant,
             route=r.route,
             policy=r.policy,
+            mode=r.mode,
             model=r.model,
             stream=r.stream,
             status=r.status,
@@ -364,6 +454,8 @@ class ChatExchange:
             turns_dropped=r.turns_dropped,
             messages_dropped=r.messages_dropped,
             reason=r.reason,
+            summary_used=r.detail.get("summary"),
+            fallback=r.detail.get("fallback"),
             incomplete=r.incomplete,
             error=r.error,
             upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
@@ -373,4 +465,5 @@ class ChatExchange:
 
 async def chat_completions(request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
-    return await ChatExchange(rt, request).run()
+    # Pinned: a config reload mid-request must not change this request's route or policy.
+    return await ChatExchange(rt.pin(), request).run()

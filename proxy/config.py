@@ -8,6 +8,7 @@ module that reads the environment (``os.environ/NAME`` references).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config_summarize import BUILTIN_MODES, ModesConfig, route_modes, summarize_policy
 from proxy.errors import ConfigError
 
 ENV_PREFIX = "os.environ/"
@@ -34,6 +36,8 @@ class SessionConfig:
     header: str = "X-Session-Id"
     # Where else to look, in order: "body.user", "body.metadata.session_id".
     fallbacks: tuple[str, ...] = ()
+    # session.ttl in seconds: sessions idle longer are deleted. None: kept forever.
+    ttl_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,9 @@ class UpstreamConfig:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    # How /v1/responses reaches it: "native" forwards to its own /responses;
+    # "bridge" translates to chat completions and back (litellm_model: always).
+    responses: Literal["native", "bridge"] = "native"
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ class RouteConfig:
     upstream: str
     policy: str
     history: Literal["client", "server"] = "client"
+    # How a request may switch between the context modes (None: it may not).
+    modes: ModesConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,12 @@ class LoggingConfig:
     level: str = "info"
     # "auto": JSON when stdout is not a TTY, console otherwise.
     format: Literal["auto", "json", "console"] = "auto"
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    # None: the admin API is disabled (every /admin call is a 401).
+    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,7 @@ class Config:
     session: SessionConfig = SessionConfig()
     store: StoreConfig = StoreConfig()
     logging: LoggingConfig = LoggingConfig()
+    admin: AdminConfig = AdminConfig()
     source: str | None = None
 
 
@@ -202,7 +218,37 @@ def _session(node: _Node) -> SessionConfig:
     return SessionConfig(
         header=node.text("header", "X-Session-Id") or "X-Session-Id",
         fallbacks=tuple(fallbacks),
+        ttl_s=_duration(node, "ttl"),
     )
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(node: _Node, key: str) -> float | None:
+    """A duration like ``30m``, ``12h`` or ``7d`` (also ``s``), in seconds."""
+    if not node.has(key):
+        return None
+    value = node.raw(key)
+    found = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if found is None or float(found.group(1)) <= 0:
+        raise ConfigError(
+            node.at(key), f"must be a positive duration like 30m, 12h or 7d, got {_show(value)}"
+        )
+    return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+
+
+def _admin(node: _Node) -> AdminConfig:
+    raw = node.raw("api_key")
+    if raw is None:
+        return AdminConfig()
+    if not isinstance(raw, str) or not raw.startswith(ENV_PREFIX):
+        # The admin key reads and deletes every tenant's history: keep it out of the file.
+        raise ConfigError(
+            node.at("api_key"), "must be an os.environ/NAME reference, not the key itself"
+        )
+    return AdminConfig(api_key=node.text("api_key", env=True))
 
 
 def _upstream(name: str, node: _Node) -> UpstreamConfig:
@@ -212,6 +258,14 @@ def _upstream(name: str, node: _Node) -> UpstreamConfig:
         raise ConfigError(node.path, "needs exactly one of base_url or litellm_model")
     if base_url is not None and not base_url.startswith(("http://", "https://")):
         raise ConfigError(node.at("base_url"), f"must be an http(s) URL, got {base_url!r}")
+    responses = node.text("responses", "bridge" if model else "native")
+    if responses not in ("native", "bridge"):
+        raise ConfigError(node.at("responses"), f"must be native or bridge, got {responses!r}")
+    if model is not None and responses == "native":
+        raise ConfigError(
+            node.at("responses"),
+            "must be bridge for a litellm_model upstream (it has no /responses)",
+        )
     return UpstreamConfig(
         name=name,
         base_url=base_url.rstrip("/") if base_url else None,
@@ -221,11 +275,14 @@ def _upstream(name: str, node: _Node) -> UpstreamConfig:
         timeout_s=node.number("timeout_s", 600.0) or 600.0,
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
+        responses="bridge" if responses == "bridge" else "native",
     )
 
 
-def _policy(name: str, node: _Node) -> PolicySpec:
+def _policy(name: str, node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> PolicySpec:
     strategy = node.text("strategy")
+    if strategy == "summarize":
+        return summarize_policy(node, base_dir, upstreams)
     if strategy in (None, "none"):
         _Node(node.path, node.value, {"strategy"})
         return NoneSpec()
@@ -254,7 +311,9 @@ def _policy(name: str, node: _Node) -> PolicySpec:
                 node.path, "a trim policy needs max_turns, max_tokens or context_fraction"
             )
         return spec
-    raise ConfigError(node.at("strategy"), f"must be one of none, trim; got {strategy!r}")
+    raise ConfigError(
+        node.at("strategy"), f"must be one of none, trim, summarize; got {strategy!r}"
+    )
 
 
 def _route(
@@ -277,12 +336,15 @@ def _route(
         upstream=upstream,
         policy=policy,
         history="server" if history == "server" else "client",
+        modes=route_modes(node),
     )
 
 
 def parse_config(data: Any, source: str | None = None) -> Config:
     root = _Node(
-        "", data, {"server", "session", "store", "upstreams", "routes", "policies", "logging"}
+        "",
+        data,
+        {"server", "session", "store", "upstreams", "routes", "policies", "logging", "admin"},
     )
     ups = root.raw("upstreams")
     if not isinstance(ups, Mapping) or not ups:
@@ -301,6 +363,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
                     "timeout_s",
                     "connect_timeout_s",
                     "headers",
+                    "responses",
                 },
             ),
         )
@@ -309,16 +372,20 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     raw_policies = root.raw("policies") or {}
     if not isinstance(raw_policies, Mapping):
         raise ConfigError("policies", f"must be a mapping, got {_show(raw_policies)}")
-    policies: dict[str, PolicySpec] = {"passthrough": NoneSpec()}
+    # Built in: passthrough and the three context modes (the file may redefine a mode).
+    policies: dict[str, PolicySpec] = {"passthrough": NoneSpec(), **BUILTIN_MODES}
+    # A summarizer's prompt_file is relative to the config file.
+    base_dir = Path(source).parent if source else Path.cwd()
     for name, body in raw_policies.items():
-        policies[str(name)] = _policy(str(name), _Node(f"policies.{name}", body, _ANY))
+        node = _Node(f"policies.{name}", body, _ANY)
+        policies[str(name)] = _policy(str(name), node, base_dir, upstreams)
     raw_routes = root.raw("routes")
     if not isinstance(raw_routes, list) or not raw_routes:
         raise ConfigError("routes", "must be a non-empty list")
     routes = tuple(
         _route(
             i,
-            _Node(f"routes[{i}]", r, {"name", "match", "upstream", "policy", "history"}),
+            _Node(f"routes[{i}]", r, {"name", "match", "upstream", "policy", "history", "modes"}),
             upstreams,
             policies,
         )
@@ -337,9 +404,10 @@ def parse_config(data: Any, source: str | None = None) -> Config:
         routes=routes,
         policies=policies,
         server=_server(root.child("server", {"host", "port", "max_body_bytes"})),
-        session=_session(root.child("session", {"header", "fallbacks"})),
+        session=_session(root.child("session", {"header", "fallbacks", "ttl"})),
         store=StoreConfig(path=store.text("path", StoreConfig.path) or StoreConfig.path),
         logging=LoggingConfig(level=level, format=fmt),  # type: ignore[arg-type]
+        admin=_admin(root.child("admin", {"api_key"})),
         source=source,
     )
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from policies.apply import apply
+from policies.summarize import limit_of
 from policies.trim import budget_limit
-from policies.types import Budget, ContextTooLong, Decision, Message, PolicySpec, TrimSpec
+from policies.types import (
+    Budget,
+    ContextTooLong,
+    CountFn,
+    Decision,
+    Message,
+    PolicySpec,
+    SummarizeSpec,
+    TrimSpec,
+)
 from proxy.errors import ContextLengthExceeded
 from proxy.model_info import context_window
 from proxy.tokens import counter_for
@@ -22,9 +33,19 @@ def reserved_for_answer(body: Mapping[str, Any]) -> int:
     return 0
 
 
+def _uncalibrated(model: str) -> float:
+    return 1.0
+
+
 class Rewriter:
-    def __init__(self, policies: Mapping[str, PolicySpec]) -> None:
+    def __init__(
+        self,
+        policies: Mapping[str, PolicySpec],
+        calibration: Callable[[str], float] = _uncalibrated,
+    ) -> None:
         self._policies = policies
+        # Upstream tokens per local token for a model (proxy.calibration).
+        self._calibration = calibration
 
     def needs_model_info(self) -> bool:
         return any(
@@ -33,19 +54,63 @@ class Rewriter:
         )
 
     def decide(
-        self, policy: str, messages: Sequence[Message], body: Mapping[str, Any], model: str
+        self,
+        policy: str,
+        messages: Sequence[Message],
+        body: Mapping[str, Any],
+        model: str,
+        keys: Sequence[str] | None = None,
     ) -> Decision:
+        """The policy's decision for one request.
+
+        ``keys``: content hashes of ``messages`` when the caller has them
+        (sessions do), so token counts are looked up without hashing again.
+        """
         spec = self._policies[policy]
         counter = counter_for(model)
-        limit: int | None = None
-        if isinstance(spec, TrimSpec):
-            window = context_window(model) if spec.context_fraction is not None else None
-            limit = budget_limit(spec, window, reserved_for_answer(body))
-        budget = Budget(limit=limit, fixed=counter.count_request_fixed(body))
+        budget, factor = self.budget(spec, body, model)
         try:
-            return apply(messages, spec, counter.count_message, budget)
+            decision = apply(messages, spec, counter.count_message, budget)
         except ContextTooLong as exc:
             raise ContextLengthExceeded(
                 f"{exc} Shorten the newest turn or raise the policy's budget.",
                 param="messages",
             ) from exc
+        if factor != 1.0:
+            decision = dataclasses.replace(
+                decision, extra={**decision.extra, "calibration": factor}
+            )
+        return decision
+
+    def spec(self, policy: str) -> PolicySpec:
+        return self._policies[policy]
+
+    def budget(self, spec: PolicySpec, body: Mapping[str, Any], model: str) -> tuple[Budget, float]:
+        """The budget ``spec`` runs with for this request, and the calibration factor applied."""
+        counter = counter_for(model)
+        limit: int | None = None
+        if isinstance(spec, TrimSpec):
+            window = context_window(model) if spec.context_fraction is not None else None
+            limit = budget_limit(spec, window, reserved_for_answer(body))
+        elif isinstance(spec, SummarizeSpec):
+            limit = limit_of(spec)
+        factor = self._calibration(model) if limit is not None else 1.0
+        if limit is not None and factor != 1.0:
+            # The budget is in the upstream's tokens; the counts are local: convert
+            # the budget, so counts stay what tiktoken says (and calibration stable).
+            limit = int(limit / factor)
+        return Budget(limit=limit, fixed=counter.count_request_fixed(body)), factor
+
+    @staticmethod
+    def counter(
+        messages: Sequence[Message], model: str, keys: Sequence[str] | None = None
+    ) -> CountFn:
+        """Token counts for ``messages`` (by their content hashes when given) and any other."""
+        counter = counter_for(model)
+        by_id = {} if keys is None else {id(m): k for m, k in zip(messages, keys, strict=True)}
+
+        def count(message: Message) -> int:
+            # Messages the policy made itself (clipped copies, summaries) have no key.
+            return counter.count_message(message, by_id.get(id(message)))
+
+        return count

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, replace
 
 from proxy.background import Background
+from proxy.calibration import Calibration
 from proxy.config import Config, UpstreamConfig
+from proxy.metrics import Metrics
 from proxy.rewriter import Rewriter
 from proxy.routing import Router
 from proxy.sessions import SessionLocks
 from proxy.store.base import Store
+from proxy.summaries import SummaryService
 from proxy.upstream.base import Upstream
 
 
@@ -42,13 +46,88 @@ class Runtime:
     rewriter: Rewriter = field(init=False)
     locks: SessionLocks = field(default_factory=SessionLocks)
     background: Background = field(default_factory=Background)
+    metrics: Metrics = field(default_factory=Metrics)
+    calibration: Calibration = field(default_factory=Calibration)
+    # Summaries made, awaited and prefetched; shared by every pinned view.
+    summaries: SummaryService = field(init=False)
+    # Bumped by every reload. A pinned view keeps the generation it was made in.
+    generation: int = field(default=0, init=False)
+    # Shared by the runtime and its pinned views (never reassigned, only mutated):
+    # requests in flight per generation, and upstreams a reload replaced, with
+    # the generation they last served.
+    _inflight: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _retired: list[tuple[int, Upstream]] = field(default_factory=list, init=False, repr=False)
+    _pinned: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.router = Router(self.config)
-        self.rewriter = Rewriter(self.config.policies)
+        self.rewriter = Rewriter(self.config.policies, self.calibration.factor)
+        self.calibration.register(self.metrics.registry)
+        self.summaries = SummaryService(self.store, self.background, self.metrics)
+
+    def pin(self) -> Runtime:
+        """A view of the runtime as it is now, for one request.
+
+        Config, router, rewriter and upstreams stay those of this moment for
+        the whole request, even if a reload swaps them meanwhile (the route it
+        matched may name a policy or upstream the new config no longer has).
+        Call ``release`` on the view when the request no longer needs them.
+        """
+        view = copy.copy(self)
+        view._pinned = True
+        self._inflight[self.generation] = self._inflight.get(self.generation, 0) + 1
+        return view
+
+    def release(self) -> None:
+        """The pinned request is done with its upstream; safe to call twice."""
+        if not self._pinned:
+            return
+        self._pinned = False
+        left = self._inflight[self.generation] - 1
+        if left:
+            self._inflight[self.generation] = left
+        else:
+            del self._inflight[self.generation]
+        self._close_retired()
+
+    def reload(self, config: Config) -> list[str]:
+        """Swap in a new (already validated) config; return the sections needing a restart.
+
+        Upstreams whose config did not change are kept with their connection
+        pools; the others are closed once the requests that may use them end.
+        ``server`` and ``store`` cannot change under a running server: their
+        old values stay in force.
+        """
+        restart = [s for s in ("server", "store") if getattr(config, s) != getattr(self.config, s)]
+        config = replace(config, server=self.config.server, store=self.config.store)
+        upstreams: dict[str, Upstream] = {}
+        for name, upstream_config in config.upstreams.items():
+            same = self.config.upstreams.get(name) == upstream_config and name in self.upstreams
+            upstreams[name] = self.upstreams[name] if same else build_upstream(upstream_config)
+        kept = {id(u) for u in upstreams.values()}
+        self._retired.extend(
+            (self.generation, u) for u in self.upstreams.values() if id(u) not in kept
+        )
+        self.config = config
+        self.router = Router(config)
+        self.rewriter = Rewriter(config.policies, self.calibration.factor)
+        self.upstreams = upstreams
+        self.generation += 1
+        self._close_retired()
+        return restart
+
+    def _close_retired(self) -> None:
+        oldest = min(self._inflight, default=self.generation + 1)
+        done = [u for generation, u in self._retired if generation < oldest]
+        if not done:
+            return
+        self._retired[:] = [(g, u) for g, u in self._retired if g >= oldest]
+        for upstream in done:
+            self.background.spawn(upstream.close(), name="close-retired-upstream")
 
     async def close(self) -> None:
         await self.background.drain()
-        for upstream in self.upstreams.values():
+        for upstream in [*self.upstreams.values(), *(u for _, u in self._retired)]:
             await upstream.close()
+        self._retired.clear()
         await self.store.close()

@@ -50,6 +50,15 @@ class FakeUpstream:
     ids: Any = field(default_factory=lambda: itertools.count(1))
     # Raw response bytes sent to the last request, for byte-equality checks.
     last_response: bytes = b""
+    # usage.prompt_tokens is round(factor * tiktoken's count of the request): 1.0 is
+    # a model tiktoken counts exactly (so the proxy's token calibration stays at 1
+    # in every test); 1.1 is one whose tokenizer tiktoken does not match.
+    prompt_token_factor: float = 1.0
+    # Summarizer calls (ctxproxy marks them with a header) are answered from this
+    # FIFO (a failure status, a delay past the timeout, empty content...), and
+    # when it is empty with a numbered summary that quotes nothing.
+    summary_replies: list[Reply] = field(default_factory=list)
+    summaries_made: int = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -100,10 +109,33 @@ class FakeUpstream:
         )
         return Reply(content=f"echo: {last_user if isinstance(last_user, str) else 'parts'}")
 
+    @property
+    def chat_requests(self) -> list[Received]:
+        """What reached the upstream for the clients: every request but summarizer calls."""
+        return [r for r in self.received if not is_summarizer_call(r)]
+
+    @property
+    def summarizer_requests(self) -> list[Received]:
+        return [r for r in self.received if is_summarizer_call(r)]
+
+    def _summary_reply(self) -> Reply:
+        self.summaries_made += 1
+        if self.summary_replies:
+            return self.summary_replies.pop(0)
+        return Reply(content=f"## Goal and context\n- fake summary {self.summaries_made}")
+
+    def _prompt_tokens(self, data: dict[str, Any]) -> int:
+        from proxy.tokens import counter_for
+
+        messages = [m for m in data.get("messages") or [] if isinstance(m, dict)]
+        counter = counter_for(str(data.get("model") or "gpt-4o"))
+        local = counter.count_messages(messages) + counter.count_request_fixed(data)
+        return round(self.prompt_token_factor * local)
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         rec = await self._record(request)
         data = rec.json if isinstance(rec.json, dict) else {}
-        reply = self._reply_for(data)
+        reply = self._summary_reply() if is_summarizer_call(rec) else self._reply_for(data)
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.body is not None or reply.status != 200:
@@ -121,10 +153,11 @@ class FakeUpstream:
             return web.Response(status=reply.status, body=body, content_type="application/json")
         cid = f"chatcmpl-{next(self.ids)}"
         model = data.get("model", "gpt-4o")
+        prompt_tokens = reply.prompt_tokens or self._prompt_tokens(data)
         usage = {
-            "prompt_tokens": reply.prompt_tokens or 10 * len(data.get("messages") or []),
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": 5,
-            "total_tokens": (reply.prompt_tokens or 10 * len(data.get("messages") or [])) + 5,
+            "total_tokens": prompt_tokens + 5,
         }
         if data.get("stream"):
             return await self._stream(request, reply, cid, model, usage, data)
@@ -226,3 +259,8 @@ class FakeUpstream:
         self.last_response = b"".join(sent)
         await resp.write_eof()
         return resp
+
+
+def is_summarizer_call(rec: Received) -> bool:
+    """A summary request from ctxproxy's summarizer (it sends this header on each)."""
+    return any(k.lower() == "x-ctxproxy-summarizer" for k in rec.headers)

@@ -139,7 +139,9 @@ def test_request_max_tokens_is_reserved_from_the_context_window_budget(fake, sta
     # gpt-4o's window is 128,000 tokens in litellm's model map: 0.003 of it is 384.
     proxy = start_proxy(
         policies={"share": {"strategy": "trim", "context_fraction": 0.003}},
-        routes=[{"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "share"}],
+        routes=[
+            {"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "share"}
+        ],
     )
     messages: list[dict[str, Any]] = []
     for t in range(20):
@@ -162,7 +164,9 @@ def test_client_max_tokens_does_not_shrink_an_absolute_budget(fake, start_proxy)
     upstream, _ = fake
     proxy = start_proxy(
         policies={"fit": {"strategy": "trim", "max_tokens": 400}},
-        routes=[{"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "fit"}],
+        routes=[
+            {"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "fit"}
+        ],
     )
     raw = client(proxy).chat.completions.with_raw_response.create(
         model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=4096

@@ -117,6 +117,68 @@ class SessionInfo:
     stored_tokens: int
 
 
+@dataclass(frozen=True)
+class ResponseIn:
+    """A Responses API response to file under its session (see ``Store.record_response``)."""
+
+    id: str
+    # The response object as the client received it.
+    response: dict[str, Any]
+    status: str
+    model: str | None = None
+    previous_response_id: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    tenant: str
+    session_id: int
+    session_key: str
+    # The chain's end (its last output item) and the last item it was given.
+    head_item_id: int | None
+    input_head_item_id: int | None
+    previous_response_id: str | None
+    model: str | None
+    status: str
+    response: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class SummaryIn:
+    """A summary to store (see ``Store.save_summary``)."""
+
+    text: str
+    # Leading turns the summary does not cover (kept verbatim before it).
+    start_unit: int = 0
+    # Pinned facts as ``{"kind": ..., "value": ...}``; entities flagged as unsupported.
+    facts: tuple[dict[str, str], ...] = ()
+    flagged: tuple[str, ...] = ()
+    model: str | None = None
+    prompt_hash: str | None = None
+    usage: dict[str, Any] | None = None
+    previous_summary_id: int | None = None
+
+
+@dataclass(frozen=True)
+class StoredSummary:
+    id: int
+    session_id: int
+    # The last stored item the summary covers, and its path hash.
+    covers_item_id: int
+    covers_path_hash: str
+    start_unit: int
+    previous_summary_id: int | None
+    text: str
+    facts: list[dict[str, str]]
+    flagged: list[str]
+    model: str | None
+    prompt_hash: str | None
+    usage: dict[str, Any] | None
+    created_at: float
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
 
@@ -166,6 +228,77 @@ class Store(Protocol):
 
     async def delete_idle_sessions(self, older_than: float) -> int:
         """Delete sessions last updated before ``older_than`` (TTL expiry); return how many."""
+        ...
+
+    # -- Responses API ----------------------------------------------------------
+
+    async def record_response(
+        self,
+        session: SessionRef,
+        conversation: Sequence[MessageIn],
+        output: Sequence[MessageIn],
+        response: ResponseIn,
+        request: RequestRecord,
+    ) -> ExchangeResult:
+        """Store one response atomically (one transaction).
+
+        ``conversation`` is every item the response was given, oldest first
+        (the stored chain it continues, then its new input); ``output`` its
+        output items. Both are stored as items of the session, as
+        ``record_exchange`` stores messages (a known prefix is not duplicated),
+        ``output`` chained after ``conversation``; the session's head moves to
+        the chain's end. The response row maps ``response.id`` (per tenant) to
+        the session and the chain's two ends; a response id stored before is
+        remapped (latest wins). ``request`` is written as by
+        ``record_exchange``, ``reply_id`` being the last output item.
+        """
+        ...
+
+    async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None: ...
+
+    async def response_exists(self, response_id: str) -> bool:
+        """Whether any tenant has a response with this id (so others are refused, not proxied)."""
+        ...
+
+    async def response_chain(self, tenant: str, response_id: str) -> list[StoredItem]:
+        """Every item from the root to the response's last output item, oldest first."""
+        ...
+
+    async def response_input_items(self, tenant: str, response_id: str) -> list[StoredItem]:
+        """Every item the response was given (root to its input head), oldest first."""
+        ...
+
+    async def delete_response(self, tenant: str, response_id: str) -> bool:
+        """Forget the response id; its items stay (later responses may chain through them)."""
+        ...
+
+    # -- summaries ----------------------------------------------------------------
+
+    async def save_summary(
+        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+    ) -> StoredSummary:
+        """Store a summary of the chain ``covered`` (root first), atomically.
+
+        Items of ``covered`` not stored yet are stored, as ``record_exchange``
+        stores them (the session is created if new; its head and
+        ``updated_at`` do not move). The summary covers up to the last of
+        them. One summary per range (session, covered item, ``start_unit``):
+        when one is stored already, it is returned and ``summary`` is not
+        stored (the first writer wins). ``covered`` must not be empty.
+        """
+        ...
+
+    async def summaries(self, session: SessionRef) -> list[StoredSummary]:
+        """The session's summaries, oldest first."""
+        ...
+
+    async def summaries_for(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary]:
+        """Summaries covering a prefix of the chain ``path_hashes`` (root first).
+
+        Longest prefix first (newest first among equals); at most ``limit``.
+        """
         ...
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import orjson
@@ -18,9 +18,13 @@ from proxy.store.base import (
     ExchangeResult,
     MessageIn,
     RequestRecord,
+    ResponseIn,
     SessionInfo,
     SessionRef,
     StoredItem,
+    StoredResponse,
+    StoredSummary,
+    SummaryIn,
     chain_path_hashes,
     dropped_item_ids,
     request_row,
@@ -46,8 +50,13 @@ class MemoryStore:
         self._messages: dict[int, bytes] = {}
         self._by_path: dict[int, dict[str, int]] = {}  # session id -> path hash -> item id
         self._requests: dict[str, bytes] = {}  # insertion order is the tie-break
+        # (tenant, response id) -> the response row; its JSON as bytes, like messages.
+        self._responses: dict[tuple[str, str], tuple[StoredResponse, bytes]] = {}
         self._next_session_id = 1
         self._next_item_id = 1
+        # session id -> its summaries as JSON bytes, oldest first.
+        self._summaries: dict[int, list[bytes]] = {}
+        self._next_summary_id = 1
 
     async def open(self) -> None:
         return None
@@ -254,3 +263,168 @@ class MemoryStore:
         for item_id in self._by_path.pop(row.id).values():
             del self._items[item_id]
             del self._messages[item_id]
+        # The SQLite store's ON DELETE CASCADE.
+        self._summaries.pop(row.id, None)
+        for key, (stored, _) in list(self._responses.items()):
+            if stored.session_id == row.id:
+                del self._responses[key]
+
+    # -- Responses API ----------------------------------------------------------
+
+    async def record_response(
+        self,
+        session: SessionRef,
+        conversation: Sequence[MessageIn],
+        output: Sequence[MessageIn],
+        response: ResponseIn,
+        request: RequestRecord,
+    ) -> ExchangeResult:
+        now = time.time()
+        created_at = request.created_at or now
+        async with self._lock:
+            # Everything that can fail happens before the first mutation (see record_exchange).
+            if request.id in self._requests:
+                raise ValueError(f"request id already stored: {request.id!r}")
+            chain = [*conversation, *output]
+            encoded = [orjson.dumps(m.message) for m in chain]
+            data = orjson.dumps(response.response)
+            orjson.dumps((request.usage, request.detail))
+
+            row = self._upsert_session(session, now)
+            by_path = self._by_path[row.id]
+            hashes = chain_path_hashes([m.content_hash for m in chain])
+            ids: list[int] = []
+            new_messages = 0
+            parent: int | None = None
+            for position, (item, path, raw) in enumerate(zip(chain, hashes, encoded, strict=True)):
+                item_id = by_path.get(path)
+                if item_id is None:
+                    item_id = self._add_item(row.id, parent, path, item, raw, now)
+                    by_path[path] = item_id
+                    new_messages += position < len(conversation)
+                ids.append(item_id)
+                parent = item_id
+            if ids:
+                row.head_item_id = ids[-1]
+            item_ids = ids[: len(conversation)]
+            reply_id = ids[-1] if output else None
+            self._responses[(session.tenant, response.id)] = (
+                StoredResponse(
+                    id=response.id,
+                    tenant=session.tenant,
+                    session_id=row.id,
+                    session_key=session.key,
+                    head_item_id=ids[-1] if ids else None,
+                    input_head_item_id=item_ids[-1] if item_ids else None,
+                    previous_response_id=response.previous_response_id,
+                    model=response.model,
+                    status=response.status,
+                    response={},
+                    created_at=created_at,
+                ),
+                data,
+            )
+            self._add_request(
+                request, row.id, session.tenant, session.key, created_at, item_ids, reply_id
+            )
+            return ExchangeResult(row.id, item_ids, reply_id, new_messages)
+
+    async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
+        async with self._lock:
+            found = self._responses.get((tenant, response_id))
+            if found is None:
+                return None
+            stored, data = found
+            return replace(stored, response=orjson.loads(data))
+
+    async def response_exists(self, response_id: str) -> bool:
+        async with self._lock:
+            return any(key[1] == response_id for key in self._responses)
+
+    async def response_chain(self, tenant: str, response_id: str) -> list[StoredItem]:
+        return await self._chain_from(tenant, response_id, input_only=False)
+
+    async def response_input_items(self, tenant: str, response_id: str) -> list[StoredItem]:
+        return await self._chain_from(tenant, response_id, input_only=True)
+
+    async def _chain_from(
+        self, tenant: str, response_id: str, *, input_only: bool
+    ) -> list[StoredItem]:
+        async with self._lock:
+            found = self._responses.get((tenant, response_id))
+            chain: list[StoredItem] = []
+            if found is not None:
+                stored = found[0]
+                item_id = stored.input_head_item_id if input_only else stored.head_item_id
+                while item_id is not None:
+                    chain.append(self._item(item_id))
+                    item_id = chain[-1].parent_id
+        return chain[::-1]
+
+    async def delete_response(self, tenant: str, response_id: str) -> bool:
+        async with self._lock:
+            return self._responses.pop((tenant, response_id), None) is not None
+
+    # -- summaries ----------------------------------------------------------------
+
+    async def save_summary(
+        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+    ) -> StoredSummary:
+        if not covered:
+            raise ValueError("a summary must cover at least one item")
+        now = time.time()
+        async with self._lock:
+            encoded = [orjson.dumps(m.message) for m in covered]
+            hashes = chain_path_hashes([m.content_hash for m in covered])
+            row = self._sessions.get((session.tenant, session.key))
+            # Created if new; an existing session's updated_at does not move (as in SQLite).
+            row = row if row is not None else self._upsert_session(session, now)
+            rows = self._summaries.setdefault(row.id, [])
+            for data in rows:
+                found = _summary(data)
+                if (found.covers_path_hash, found.start_unit) == (hashes[-1], summary.start_unit):
+                    return found
+            by_path = self._by_path[row.id]
+            parent: int | None = None
+            for message, path, data in zip(covered, hashes, encoded, strict=True):
+                item_id = by_path.get(path)
+                if item_id is None:
+                    item_id = self._add_item(row.id, parent, path, message, data, now)
+                    by_path[path] = item_id
+                parent = item_id
+            assert parent is not None  # covered is not empty
+            stored = StoredSummary(
+                id=self._next_summary_id,
+                session_id=row.id,
+                covers_item_id=parent,
+                covers_path_hash=hashes[-1],
+                start_unit=summary.start_unit,
+                previous_summary_id=summary.previous_summary_id,
+                text=summary.text,
+                facts=[dict(f) for f in summary.facts],
+                flagged=list(summary.flagged),
+                model=summary.model,
+                prompt_hash=summary.prompt_hash,
+                usage=summary.usage,
+                created_at=now,
+            )
+            rows.append(orjson.dumps(asdict(stored)))
+            self._next_summary_id += 1
+            return _summary(rows[-1])
+
+    async def summaries(self, session: SessionRef) -> list[StoredSummary]:
+        async with self._lock:
+            row = self._sessions.get((session.tenant, session.key))
+            return [] if row is None else [_summary(d) for d in self._summaries.get(row.id, [])]
+
+    async def summaries_for(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary]:
+        position = {h: i for i, h in enumerate(path_hashes)}
+        found = [s for s in await self.summaries(session) if s.covers_path_hash in position]
+        found.sort(key=lambda s: (position[s.covers_path_hash], s.id), reverse=True)
+        return found[:limit]
+
+
+def _summary(data: bytes) -> StoredSummary:
+    return StoredSummary(**orjson.loads(data))

@@ -89,6 +89,57 @@ MIGRATIONS: tuple[str, ...] = (
     -- A failed first call has no session row yet; its request is found by name.
     CREATE INDEX requests_tenant_key_created ON requests (tenant, session_key, created_at);
     """,
+    # 2: Responses API: response id -> its session and the ends of its item chain.
+    """
+    -- Every stored response has a session: the client's, the one inherited from
+    -- its previous response, or the synthetic ``resp:<id>`` of its chain's first
+    -- response. Deleting the session deletes its responses.
+    CREATE TABLE responses (
+        id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        session_id INTEGER NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        -- The chain's end: the response's last output item (its last input
+        -- item when it produced none). No foreign key, as for sessions.head_item_id.
+        head_item_id INTEGER,
+        -- The last item the response was given (what input_items lists up to).
+        input_head_item_id INTEGER,
+        previous_response_id TEXT,
+        model TEXT,
+        status TEXT NOT NULL,
+        response_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        UNIQUE (tenant, id)
+    );
+    CREATE INDEX responses_session ON responses (session_id);
+    -- Another tenant's id is refused, not passed through: found by id alone.
+    CREATE INDEX responses_id ON responses (id);
+    """,
+    # 3: summaries: views over the stored chain, each covering the items up to one.
+    """
+    -- A summary covers the chain from the root to covers_item_id, minus the
+    -- first start_unit turns (kept verbatim). Path hashes identify that item
+    -- in any client's resent history, so a later request over the same
+    -- history finds it. One summary per range: the first stored wins.
+    CREATE TABLE summaries (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id INTEGER NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        -- No foreign keys to items or summaries: they only go with the session.
+        covers_item_id INTEGER NOT NULL,
+        covers_path_hash TEXT NOT NULL,
+        start_unit INTEGER NOT NULL,
+        -- The summary this one extends (made from it plus the turns after it).
+        previous_summary_id INTEGER,
+        text TEXT NOT NULL,
+        facts_json TEXT NOT NULL,
+        -- Entities the summary states that its source never mentions.
+        flagged_json TEXT NOT NULL,
+        model TEXT,
+        prompt_hash TEXT,
+        usage_json TEXT,
+        created_at REAL NOT NULL,
+        UNIQUE (session_id, covers_path_hash, start_unit)
+    );
+    """,
 )
 
 

@@ -18,13 +18,18 @@ from typing import Any, TypeVar
 import aiosqlite
 import orjson
 
+from proxy.store import sqlite_summaries
 from proxy.store.base import (
     ExchangeResult,
     MessageIn,
     RequestRecord,
+    ResponseIn,
     SessionInfo,
     SessionRef,
     StoredItem,
+    StoredResponse,
+    StoredSummary,
+    SummaryIn,
     chain_path_hashes,
     dropped_item_ids,
     request_row,
@@ -64,6 +69,39 @@ _HISTORY = """
             WHERE items.parent_id IS NOT NULL
     )
     SELECT items.* FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
+"""
+
+
+_RESPONSE = """
+    SELECT r.id, r.tenant, r.session_id, s.key AS session_key, r.head_item_id,
+        r.input_head_item_id, r.previous_response_id, r.model, r.status, r.response_json,
+        r.created_at
+    FROM responses r JOIN sessions s ON s.id = r.session_id
+    WHERE r.tenant = ? AND r.id = ?
+"""
+
+# The chain from the root to one of a response's two ends ({end}: a column name).
+_RESPONSE_CHAIN = """
+    WITH RECURSIVE chain (id, depth) AS (
+        SELECT {end}, 0 FROM responses
+            WHERE tenant = ? AND id = ? AND {end} IS NOT NULL
+        UNION ALL
+        SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
+            WHERE items.parent_id IS NOT NULL
+    )
+    SELECT items.* FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
+"""
+
+_UPSERT_RESPONSE = """
+    INSERT INTO responses (id, tenant, session_id, head_item_id, input_head_item_id,
+        previous_response_id, model, status, response_json, created_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (tenant, id) DO UPDATE SET
+        session_id = excluded.session_id, head_item_id = excluded.head_item_id,
+        input_head_item_id = excluded.input_head_item_id,
+        previous_response_id = excluded.previous_response_id, model = excluded.model,
+        status = excluded.status, response_json = excluded.response_json,
+        created_at = excluded.created_at
 """
 
 
@@ -186,6 +224,72 @@ class SqliteStore:
 
     async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
         return await self._write(functools.partial(_delete_rows, requests, sessions, params))
+
+    # -- Responses API ----------------------------------------------------------
+
+    async def record_response(
+        self,
+        session: SessionRef,
+        conversation: Sequence[MessageIn],
+        output: Sequence[MessageIn],
+        response: ResponseIn,
+        request: RequestRecord,
+    ) -> ExchangeResult:
+        """Store one response atomically (see ``Store.record_response``)."""
+        job = functools.partial(
+            _record_response, session, list(conversation), list(output), response, request
+        )
+        return await self._write(job)
+
+    async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
+        rows = await self._fetch(_RESPONSE, (tenant, response_id))
+        if not rows:
+            return None
+        columns = dict(rows[0])
+        response = orjson.loads(columns.pop("response_json"))
+        return StoredResponse(**columns, response=response)
+
+    async def response_exists(self, response_id: str) -> bool:
+        rows = await self._fetch("SELECT 1 FROM responses WHERE id = ? LIMIT 1", (response_id,))
+        return bool(rows)
+
+    async def response_chain(self, tenant: str, response_id: str) -> list[StoredItem]:
+        query = _RESPONSE_CHAIN.format(end="head_item_id")
+        return [_item(row) for row in await self._fetch(query, (tenant, response_id))]
+
+    async def response_input_items(self, tenant: str, response_id: str) -> list[StoredItem]:
+        query = _RESPONSE_CHAIN.format(end="input_head_item_id")
+        return [_item(row) for row in await self._fetch(query, (tenant, response_id))]
+
+    async def delete_response(self, tenant: str, response_id: str) -> bool:
+        return await self._write(functools.partial(_delete_response, tenant, response_id))
+
+    # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
+
+    async def save_summary(
+        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+    ) -> StoredSummary:
+        """Store a summary and the items it covers atomically (see ``Store.save_summary``)."""
+        job = functools.partial(
+            sqlite_summaries.save_summary_job, _store_chain, session, list(covered), summary
+        )
+        return await self._write(job)
+
+    async def summaries(self, session: SessionRef) -> list[StoredSummary]:
+        rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))
+        return [sqlite_summaries.summary_from_row(row) for row in rows]
+
+    async def summaries_for(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary]:
+        covers = await self._fetch(sqlite_summaries.SESSION_COVERS, (session.tenant, session.key))
+        ids = sqlite_summaries.covering([(row[0], row[1]) for row in covers], path_hashes, limit)
+        if not ids:
+            return []
+        marks = ", ".join("?" * len(ids))
+        rows = await self._fetch(f"SELECT * FROM summaries WHERE id IN ({marks})", tuple(ids))
+        by_id = {row["id"]: sqlite_summaries.summary_from_row(row) for row in rows}
+        return [by_id[i] for i in ids]
 
 
 def _item(row: sqlite3.Row) -> StoredItem:
@@ -344,3 +448,52 @@ def _delete_rows(
     """Both deletes in one transaction; items and linked requests go by cascade."""
     conn.execute(requests, params)
     return [int(row[0]) for row in conn.execute(sessions, params).fetchall()]
+
+
+def _record_response(
+    session: SessionRef,
+    conversation: Sequence[MessageIn],
+    output: Sequence[MessageIn],
+    response: ResponseIn,
+    request: RequestRecord,
+    conn: sqlite3.Connection,
+) -> ExchangeResult:
+    now = time.time()
+    created_at = request.created_at or now
+    chain = [*conversation, *output]
+    session_id = _upsert_session(conn, session, now)
+    ids: list[int] = []
+    missing: list[int] = []
+    if chain:
+        hashes = chain_path_hashes([m.content_hash for m in chain])
+        ids, missing = _store_chain(conn, session_id, chain, hashes, now)
+        conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
+    item_ids = ids[: len(conversation)]
+    reply_id = ids[-1] if output else None
+    conn.execute(
+        _UPSERT_RESPONSE,
+        (
+            response.id,
+            session.tenant,
+            session_id,
+            ids[-1] if ids else None,
+            item_ids[-1] if item_ids else None,
+            response.previous_response_id,
+            response.model,
+            response.status,
+            _dumps(response.response),
+            created_at,
+        ),
+    )
+    _insert_request(
+        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    new_messages = sum(1 for i in missing if i < len(conversation))
+    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+
+
+def _delete_response(tenant: str, response_id: str, conn: sqlite3.Connection) -> bool:
+    cursor = conn.execute(
+        "DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id)
+    )
+    return cursor.rowcount > 0

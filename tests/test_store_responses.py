@@ -1,0 +1,236 @@
+"""The Store's Responses API contract, run against the SQLite store and the in-memory fake alike."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.store.base import MessageIn, RequestRecord, ResponseIn, SessionRef, Store, StoredItem
+from proxy.store.memory import MemoryStore
+from proxy.store.sqlite import SqliteStore
+
+ALICE = SessionRef("tenant-a", "chat-1")
+BOB_TENANT = "tenant-b"
+_ids = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s: Store = (
+        SqliteStore(tmp_path / "store.sqlite") if request.param == "sqlite" else MemoryStore()
+    )
+    await s.open()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    import time
+
+    now = [1_000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+
+    def set_time(value: float) -> None:
+        now[0] = value
+
+    return set_time
+
+
+def item(data: dict[str, Any], tokens: int = 2) -> MessageIn:
+    digest = hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    role = data.get("role") or data.get("type") or "message"
+    return MessageIn(data, digest, str(role), tokens)
+
+
+def user(text: str) -> MessageIn:
+    return item({"role": "user", "content": text})
+
+
+def said(text: str, n: int) -> MessageIn:
+    return item(
+        {
+            "type": "message",
+            "id": f"msg_{n}",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    )
+
+
+def req(tenant: str = ALICE.tenant, **fields: Any) -> RequestRecord:
+    base: dict[str, Any] = {
+        "id": f"req-{next(_ids)}",
+        "tenant": tenant,
+        "session_key": ALICE.key,
+        "route": "r",
+        "policy": "passthrough",
+        "model": "m",
+        "stream": False,
+        "status": 200,
+        "endpoint": "/v1/responses",
+    }
+    return RequestRecord(**(base | fields))
+
+
+def resp(rid: str, previous: str | None = None, status: str = "completed") -> ResponseIn:
+    body = {"id": rid, "object": "response", "status": status, "previous_response_id": previous}
+    return ResponseIn(
+        id=rid, response=body, status=status, model="m", previous_response_id=previous
+    )
+
+
+def raw(items: list[StoredItem] | list[MessageIn]) -> list[dict[str, Any]]:
+    return [i.message for i in items]
+
+
+FIRST_IN = [item({"role": "developer", "content": "be brief"}), user("hi")]
+FIRST_OUT = [said("hello", 1)]
+
+
+async def test_response_maps_its_id_to_the_session_and_both_chain_ends(store: Store) -> None:
+    record = req()
+    result = await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), record)
+
+    stored = await store.get_response(ALICE.tenant, "resp_1")
+    assert stored is not None
+    assert (stored.session_id, stored.session_key) == (result.session_id, ALICE.key)
+    assert stored.input_head_item_id == result.item_ids[-1]
+    assert stored.head_item_id == result.reply_id
+    assert (stored.status, stored.model, stored.previous_response_id) == ("completed", "m", None)
+    assert stored.response == resp("resp_1").response
+    assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(FIRST_IN + FIRST_OUT)
+    assert raw(await store.response_input_items(ALICE.tenant, "resp_1")) == raw(FIRST_IN)
+    # The items are the session's: its history is the chain, its head the last output.
+    assert raw(await store.history(ALICE)) == raw(FIRST_IN + FIRST_OUT)
+    row = await store.request(record.id)
+    assert row is not None
+    assert (row["session_id"], row["reply_item_id"]) == (result.session_id, result.reply_id)
+    assert row["endpoint"] == "/v1/responses"
+
+
+async def test_chained_response_reuses_the_stored_prefix(store: Store) -> None:
+    first = await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    conversation = [*FIRST_IN, *FIRST_OUT, user("and you?")]
+    second = await store.record_response(
+        ALICE, conversation, [said("fine", 2)], resp("resp_2", "resp_1"), req()
+    )
+
+    assert second.new_messages == 1
+    assert second.item_ids[:3] == [*first.item_ids, first.reply_id]
+    chain = await store.response_chain(ALICE.tenant, "resp_2")
+    assert raw(chain) == raw([*conversation, said("fine", 2)])
+    assert [c.parent_id for c in chain[1:]] == [c.id for c in chain[:-1]]
+    # The earlier response still ends where it ended.
+    assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(FIRST_IN + FIRST_OUT)
+    stored = await store.get_response(ALICE.tenant, "resp_2")
+    assert stored is not None and stored.previous_response_id == "resp_1"
+
+
+async def test_two_responses_to_one_previous_fork_the_chain(store: Store) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    base = [*FIRST_IN, *FIRST_OUT]
+    await store.record_response(ALICE, [*base, user("a")], [said("A", 2)], resp("resp_a"), req())
+    await store.record_response(ALICE, [*base, user("b")], [said("B", 3)], resp("resp_b"), req())
+
+    a = await store.response_chain(ALICE.tenant, "resp_a")
+    b = await store.response_chain(ALICE.tenant, "resp_b")
+    assert [i.id for i in a[:3]] == [i.id for i in b[:3]]
+    assert raw(a[3:]) == raw([user("a"), said("A", 2)])
+    assert raw(b[3:]) == raw([user("b"), said("B", 3)])
+
+
+async def test_another_tenant_can_neither_read_chain_nor_delete_a_response(store: Store) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+
+    assert await store.get_response(BOB_TENANT, "resp_1") is None
+    assert await store.response_chain(BOB_TENANT, "resp_1") == []
+    assert await store.response_input_items(BOB_TENANT, "resp_1") == []
+    assert not await store.delete_response(BOB_TENANT, "resp_1")
+    assert await store.get_response(ALICE.tenant, "resp_1") is not None
+    # Known to exist (so the proxy refuses it) without saying whose it is.
+    assert await store.response_exists("resp_1")
+    assert not await store.response_exists("resp_unknown")
+
+
+async def test_deleting_a_response_forgets_the_id_and_keeps_the_items(store: Store) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+
+    assert await store.delete_response(ALICE.tenant, "resp_1")
+    assert not await store.delete_response(ALICE.tenant, "resp_1")
+    assert await store.get_response(ALICE.tenant, "resp_1") is None
+    assert await store.response_chain(ALICE.tenant, "resp_1") == []
+    assert not await store.response_exists("resp_1")
+    assert raw(await store.history(ALICE)) == raw(FIRST_IN + FIRST_OUT)
+
+
+@pytest.mark.parametrize("how", ["delete_session", "expire"])
+async def test_deleting_the_session_deletes_its_responses(
+    store: Store, clock: Callable[[float], None], how: str
+) -> None:
+    other = SessionRef(ALICE.tenant, "other")
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    clock(5_000.0)
+    await store.record_response(other, FIRST_IN, FIRST_OUT, resp("resp_2"), req())
+
+    if how == "delete_session":
+        assert await store.delete_session(ALICE)
+    else:
+        assert await store.delete_idle_sessions(older_than=2_000.0) == 1
+
+    assert await store.get_response(ALICE.tenant, "resp_1") is None
+    assert not await store.response_exists("resp_1")
+    assert await store.get_response(ALICE.tenant, "resp_2") is not None
+
+
+async def test_a_response_id_recorded_again_is_remapped(store: Store) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    elsewhere = SessionRef(ALICE.tenant, "elsewhere")
+    again = await store.record_response(
+        elsewhere, [user("new")], [said("x", 9)], resp("resp_1", status="incomplete"), req()
+    )
+
+    stored = await store.get_response(ALICE.tenant, "resp_1")
+    assert stored is not None
+    assert (stored.session_key, stored.status) == ("elsewhere", "incomplete")
+    assert stored.head_item_id == again.reply_id
+    assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(
+        [user("new"), said("x", 9)]
+    )
+
+
+async def test_response_without_output_ends_at_its_input(store: Store) -> None:
+    result = await store.record_response(ALICE, FIRST_IN, [], resp("resp_1"), req())
+
+    stored = await store.get_response(ALICE.tenant, "resp_1")
+    assert stored is not None and result.reply_id is None
+    assert stored.head_item_id == stored.input_head_item_id == result.item_ids[-1]
+    assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(FIRST_IN)
+
+
+async def test_response_with_no_items_at_all_has_an_empty_chain(store: Store) -> None:
+    result = await store.record_response(ALICE, [], [], resp("resp_1"), req())
+
+    stored = await store.get_response(ALICE.tenant, "resp_1")
+    assert stored is not None
+    assert (stored.head_item_id, stored.input_head_item_id) == (None, None)
+    assert await store.response_chain(ALICE.tenant, "resp_1") == []
+    assert (result.item_ids, result.reply_id) == ([], None)
+
+
+async def test_rejected_response_leaves_nothing_behind(store: Store) -> None:
+    duplicate = req()
+    await store.record_response(ALICE, [user("x")], [], resp("resp_0"), duplicate)
+
+    with pytest.raises(ValueError, match="already stored"):
+        await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), duplicate)
+
+    assert await store.get_response(ALICE.tenant, "resp_1") is None
+    assert raw(await store.history(ALICE)) == raw([user("x")])
