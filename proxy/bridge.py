@@ -22,19 +22,18 @@ import orjson
 from proxy.config import UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.base import UpstreamRequest
-from proxy.upstream.provider import (
-    JsonResponse,
-    _bearer,
-    _Litellm,
-    _load,
-    _parse,
-    _provider_message,
-    _retry_after,
-    _status,
-    _unanswered,
-    _unwrap,
-    error_body,
+from proxy.upstream.litellm_support import (
+    Litellm,
+    bearer,
+    error_status,
+    load_litellm,
+    no_answer_error,
+    parse_object,
+    provider_message,
+    retry_after_of,
+    unwrap,
 )
+from proxy.upstream.provider import JsonResponse, error_body
 
 # Responses fields handed on to litellm: an allowlist, for the reason
 # proxy.upstream.provider.CHAT_FIELDS gives (litellm reads other kwargs as its
@@ -56,7 +55,7 @@ _NO_KEY = "no-key"
 
 def load() -> None:
     """Import litellm and set it up (seconds, once per process): call off the event loop."""
-    _load()
+    load_litellm()
     import litellm.responses.main  # noqa: F401  (aresponses' module: the heavy part)
 
 
@@ -65,7 +64,7 @@ class BridgeStream:
 
     status = 200
 
-    def __init__(self, lib: _Litellm, stream: Any, first: Any, model: str) -> None:
+    def __init__(self, lib: Litellm, stream: Any, first: Any, model: str) -> None:
         self.headers = list(_SSE)
         self._lib = lib
         self._stream = stream
@@ -88,10 +87,10 @@ class BridgeStream:
                 try:
                     event = await anext(self._stream, None)
                 except self._lib.errors as exc:
-                    unanswered = _unanswered(self._lib, exc)
+                    unanswered = no_answer_error(self._lib, exc)
                     if unanswered is not None:
                         raise unanswered from exc
-                    message = _provider_message(_unwrap(exc))
+                    message = provider_message(unwrap(exc))
                     raise UpstreamError(f"The provider stream failed: {message}") from exc
                 if event is None:
                     return
@@ -126,7 +125,7 @@ class ResponsesBridge:
 
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
-        self._lib = _load()
+        self._lib = load_litellm()
         import litellm
 
         # Typed loosely: its return type depends on ``stream``.
@@ -143,7 +142,7 @@ class ResponsesBridge:
         if request.method != "POST" or request.path.rstrip("/") != "/responses":
             message = f"{request.method} {request.path} is not served by a responses bridge."
             return JsonResponse(404, error_body(message, 404, "not_found"))
-        body = request.json if request.json is not None else _parse(request.body)
+        body = request.json if request.json is not None else parse_object(request.body)
         if body is None:
             return JsonResponse(400, error_body("A JSON request body is required.", 400))
         previous = body.get("previous_response_id")
@@ -154,7 +153,7 @@ class ResponsesBridge:
         model, api_base = self._target(client_model)
         kwargs = {k: v for k, v in body.items() if k in RESPONSES_FIELDS}
         kwargs.setdefault("input", [])
-        api_key = self.config.api_key or _bearer(request.headers) or _NO_KEY
+        api_key = self.config.api_key or bearer(request.headers) or _NO_KEY
         try:
             result = await self._aresponses(
                 **kwargs,
@@ -188,17 +187,17 @@ class ResponsesBridge:
 
     def _failure(self, exc: BaseException) -> JsonResponse:
         """Relay a provider's error status; raise when there was no answer at all."""
-        unanswered = _unanswered(self._lib, exc)
+        unanswered = no_answer_error(self._lib, exc)
         if unanswered is not None:
             raise unanswered from exc
-        exc = _unwrap(exc)
-        status = _status(exc)
+        exc = unwrap(exc)
+        status = error_status(exc)
         code = "context_length_exceeded" if isinstance(exc, self._lib.context_window) else None
         headers = list(_JSON)
-        retry_after = _retry_after(exc)
+        retry_after = retry_after_of(exc)
         if retry_after is not None:
             headers.append(("retry-after", retry_after))
-        return JsonResponse(status, error_body(_provider_message(exc), status, code), headers)
+        return JsonResponse(status, error_body(provider_message(exc), status, code), headers)
 
     async def close(self) -> None:
         return None

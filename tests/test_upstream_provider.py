@@ -27,7 +27,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from proxy.errors import UpstreamError, UpstreamTimeout  # noqa: E402
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse  # noqa: E402
-from proxy.upstream.provider import LitellmUpstream, _provider_message, error_body  # noqa: E402
+from proxy.upstream.litellm_support import provider_message  # noqa: E402
+from proxy.upstream.provider import LitellmUpstream, error_body  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic, Reply, closed_port, sse_events  # noqa: E402
 
 # litellm builds some pydantic schemas lazily, on the first stream; not ours to fix.
@@ -443,7 +444,7 @@ def test_error_body_always_has_openai_shape(message: str, status: int) -> None:
 @given(message=st.text(), prefix=st.sampled_from(["litellm.BadRequestError: X - ", ""]))
 def test_provider_message_is_found_inside_litellm_json_text(message: str, prefix: str) -> None:
     provider_json = orjson.dumps({"type": "error", "error": {"message": message}}).decode()
-    assert _provider_message(Exception(prefix + provider_json)) == message
+    assert provider_message(Exception(prefix + provider_json)) == message
 
 
 # Characters that could themselves look like litellm's wrapping are left out.
@@ -457,4 +458,4 @@ def test_provider_message_strips_litellm_wrapping_of_plain_text(message: str) ->
         "litellm.MidStreamFallbackError: litellm.InternalServerError: AnthropicException - "
         f"{message}. Handle with `litellm.InternalServerError`."
     )
-    assert _provider_message(Exception(wrapped)) == message
+    assert provider_message(Exception(wrapped)) == message

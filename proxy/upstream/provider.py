@@ -13,17 +13,24 @@ built: routes to OpenAI-compatible upstreams never pay for it.
 
 from __future__ import annotations
 
-import logging
-import os
-import re
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamError, UpstreamTimeout
+from proxy.errors import UpstreamError
 from proxy.upstream.base import UpstreamRequest
+from proxy.upstream.litellm_support import (
+    Litellm,
+    bearer,
+    error_status,
+    load_litellm,
+    no_answer_error,
+    parse_object,
+    provider_message,
+    retry_after_of,
+    unwrap,
+)
 
 # OpenAI chat-completion fields handed on to litellm. An allowlist, not "every
 # field but model": litellm reads many kwargs as its own configuration
@@ -71,65 +78,6 @@ def error_body(message: str, status: int, code: str | None = None) -> bytes:
     return orjson.dumps({"error": error})
 
 
-@dataclass(frozen=True)
-class _Litellm:
-    """The parts of litellm this module uses, bound once at first import."""
-
-    acompletion: Any
-    # Every litellm error this module catches.
-    errors: tuple[type[BaseException], ...]
-    # Anywhere in an error's cause chain, these mean no HTTP answer came (litellm
-    # reports a refused connection as a 500 InternalServerError, for one).
-    timed_out: tuple[type[BaseException], ...]
-    unreachable: tuple[type[BaseException], ...]
-    context_window: type[BaseException]
-    content_policy: type[BaseException]
-
-
-_loaded: _Litellm | None = None
-
-
-def _load() -> _Litellm:
-    global _loaded
-    if _loaded is not None:
-        return _loaded
-    # Without this litellm downloads a model price map from the internet on import.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import httpx
-    import litellm
-    from litellm import exceptions as ex
-
-    litellm.suppress_debug_info = True
-    # Older releases phone home unless told not to; current ones have no such flag.
-    if hasattr(litellm, "telemetry"):
-        litellm.telemetry = False
-    # The proxy keeps its own records; litellm's per-chunk logging is pure cost.
-    litellm.disable_streaming_logging = True
-    # No success/failure callbacks: nothing about a request leaves the process
-    # except the request itself.
-    for name in ("callbacks", "input_callback", "success_callback", "failure_callback"):
-        setattr(litellm, name, [])
-    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    # fmt: off
-    relayed = (  # errors that carry the provider's HTTP status
-        ex.BadRequestError, ex.AuthenticationError, ex.PermissionDeniedError, ex.NotFoundError,
-        ex.UnprocessableEntityError, ex.RateLimitError, ex.InternalServerError,
-        ex.ServiceUnavailableError, ex.BadGatewayError, ex.APIResponseValidationError, ex.APIError,
-    )
-    # fmt: on
-    _loaded = _Litellm(
-        acompletion=litellm.acompletion,
-        errors=(ex.Timeout, ex.APIConnectionError, *relayed),
-        timed_out=(ex.Timeout, httpx.TimeoutException, TimeoutError),
-        unreachable=(ex.APIConnectionError, httpx.TransportError, OSError),
-        context_window=ex.ContextWindowExceededError,
-        content_policy=ex.ContentPolicyViolationError,
-    )
-    return _loaded
-
-
 class JsonResponse:
     """A whole answer: a chat.completion or an error body."""
 
@@ -156,7 +104,7 @@ class StreamResponse:
     status = 200
 
     def __init__(
-        self, lib: _Litellm, stream: Any, first: Any, model: str, owner: LitellmUpstream
+        self, lib: Litellm, stream: Any, first: Any, model: str, owner: LitellmUpstream
     ) -> None:
         self.headers = list(_SSE)
         self._lib = lib
@@ -182,10 +130,10 @@ class StreamResponse:
                 except self._lib.errors as exc:
                     # Headers are sent already, so even a provider status is
                     # raised: the caller reports it in-stream.
-                    unanswered = _unanswered(self._lib, exc)
+                    unanswered = no_answer_error(self._lib, exc)
                     if unanswered is not None:
                         raise unanswered from exc
-                    message = _provider_message(_unwrap(exc))
+                    message = provider_message(unwrap(exc))
                     raise UpstreamError(f"The provider stream failed: {message}") from exc
                 if chunk is None:
                     yield _DONE
@@ -230,21 +178,21 @@ class LitellmUpstream:
         self.timeout_s = timeout_s
         self.extra = dict(extra or {})
         # Imported here, once, so the first request does not pay for it.
-        self._lib = _load()
+        self._lib = load_litellm()
         self._streams: set[StreamResponse] = set()
 
     async def send(self, request: UpstreamRequest) -> JsonResponse | StreamResponse:
         if request.method != "POST" or request.path.rstrip("/") != "/chat/completions":
             message = f"{request.method} {request.path} is not supported by a litellm upstream."
             return JsonResponse(404, error_body(message, 404, "not_found"))
-        body = request.json if request.json is not None else _parse(request.body)
+        body = request.json if request.json is not None else parse_object(request.body)
         if body is None or not isinstance(body.get("messages"), list):
             return JsonResponse(400, error_body("A chat body with messages is required.", 400))
 
         client_model = str(body.get("model") or self.model)
         kwargs = {k: v for k, v in body.items() if k in CHAT_FIELDS}
         kwargs.update(self.extra)
-        api_key = self.api_key if self.api_key is not None else _bearer(request.headers)
+        api_key = self.api_key if self.api_key is not None else bearer(request.headers)
         try:
             result = await self._lib.acompletion(
                 **kwargs,
@@ -281,117 +229,22 @@ class LitellmUpstream:
     def _failure(self, exc: BaseException) -> JsonResponse:
         """Relay a provider's error status; raise when there was no answer at all."""
         lib = self._lib
-        unanswered = _unanswered(lib, exc)
+        unanswered = no_answer_error(lib, exc)
         if unanswered is not None:
             raise unanswered from exc
-        exc = _unwrap(exc)
-        status = _status(exc)
+        exc = unwrap(exc)
+        status = error_status(exc)
         code = None
         if isinstance(exc, lib.context_window):
             code = "context_length_exceeded"
         elif isinstance(exc, lib.content_policy):
             code = "content_policy_violation"
         headers = list(_JSON)
-        retry_after = _retry_after(exc)
+        retry_after = retry_after_of(exc)
         if retry_after is not None:
             headers.append(("retry-after", retry_after))
-        return JsonResponse(status, error_body(_provider_message(exc), status, code), headers)
+        return JsonResponse(status, error_body(provider_message(exc), status, code), headers)
 
     async def close(self) -> None:
         for stream in list(self._streams):
             await stream.close()
-
-
-def _parse(raw: bytes | None) -> dict[str, Any] | None:
-    if not raw:
-        return None
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _bearer(headers: Mapping[str, str]) -> str | None:
-    for name, value in headers.items():
-        if name.lower() == "authorization":
-            scheme, _, token = value.strip().partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-    return None
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    # litellm's MidStreamFallbackError wraps what actually went wrong.
-    for _ in range(8):
-        inner = getattr(exc, "original_exception", None)
-        if not isinstance(inner, BaseException) or inner is exc:
-            break
-        exc = inner
-    return exc
-
-
-def _in_chain(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        if isinstance(link, kinds):
-            return True
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-    return False
-
-
-def _unanswered(lib: _Litellm, exc: BaseException) -> UpstreamError | None:
-    """The error to raise when the provider gave no HTTP answer at all, else None."""
-    inner = _unwrap(exc)
-    # Timeouts first: TimeoutError is an OSError too.
-    if _in_chain(inner, lib.timed_out):
-        return UpstreamTimeout(f"The provider did not answer in time: {inner}")
-    if _in_chain(inner, lib.unreachable):
-        return UpstreamError(f"Could not reach the provider: {inner}")
-    return None
-
-
-def _status(exc: BaseException) -> int:
-    # litellm folds some provider statuses into 500 (Anthropic's 529
-    # "overloaded") but keeps the original beside it.
-    for name in ("provider_status_code", "status_code"):
-        value = getattr(exc, name, None)
-        if isinstance(value, int) and 400 <= value <= 599:
-            return value
-    return 502
-
-
-def _retry_after(exc: BaseException) -> str | None:
-    headers = getattr(exc, "litellm_response_headers", None)
-    if headers is None or not hasattr(headers, "get"):
-        return None
-    value = headers.get("retry-after")
-    return value if isinstance(value, str) else None
-
-
-# litellm wraps the provider's words: "litellm.RateLimitError: AnthropicException -
-# {provider JSON}" (the JSON sometimes as a bytes repr, b'...'), or
-# "litellm.MidStreamFallbackError: litellm.InternalServerError: AnthropicError -
-# Overloaded. Handle with `litellm.InternalServerError`."
-_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+: |\w+(?:Error|Exception) - )+")
-_LITELLM_SUFFIX = re.compile(r"\.? Handle with `litellm\.\w+`\.$")
-
-
-def _provider_message(exc: BaseException) -> str:
-    """The provider's own error message when it can be found, else litellm's."""
-    text = str(getattr(exc, "message", None) or exc)
-    start = text.find("{")
-    if start >= 0:
-        try:
-            data = orjson.loads(text[start:].rstrip("'\" "))
-        except orjson.JSONDecodeError:
-            data = None
-        if isinstance(data, dict):
-            inner = data.get("error")
-            if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-                return str(inner["message"])
-            if isinstance(data.get("message"), str):
-                return str(data["message"])
-    return _LITELLM_SUFFIX.sub("", _LITELLM_PREFIX.sub("", text)) or text
