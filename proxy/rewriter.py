@@ -67,10 +67,9 @@ class Rewriter:
         (sessions do), so token counts are looked up without hashing again.
         """
         spec = self._policies[policy]
-        counter = counter_for(model)
         budget, factor = self.budget(spec, body, model)
         try:
-            decision = apply(messages, spec, counter.count_message, budget)
+            decision = apply(messages, spec, self.counter(messages, model, keys), budget)
         except ContextTooLong as exc:
             raise ContextLengthExceeded(
                 f"{exc} Shorten the newest turn or raise the policy's budget.",
