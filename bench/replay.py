@@ -12,6 +12,10 @@ For each dataset (../shared/data: tau-bench airline, LoCoMo) and policy prints:
   proxy: every message is still hashed to find its count) and with counts
   looked up by object (the policy's own work).
 
+Then the summarize policies and the context modes (bench/replay_summaries.py):
+tokens sent, summarizer calls, waits and tokens per 100 turns, and fact
+retention on LoCoMo at each conversation's end, beside the trim policies.
+
 Then a scaling check: policy time per request at ~500 messages vs ~20, on a
 long conversation made of tau conversations end to end (target <= 3x).
 
@@ -43,6 +47,7 @@ if _litellm is not None and _litellm.origin is not None:
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_tokenizers))
 sys.path.insert(0, str(ROOT))
 
+from bench.replay_summaries import run as run_summaries  # noqa: E402
 from policies.apply import apply  # noqa: E402
 from policies.trim import budget_limit  # noqa: E402
 from policies.types import (  # noqa: E402
@@ -263,6 +268,11 @@ def main() -> int:
     ):
         rows = [(label, replay(conversations, spec, counter)) for label, spec in policies]
         print_table(name, rows)
+    baselines = [
+        (label, spec, budget_limit(spec, None, 0) if isinstance(spec, TrimSpec) else None)
+        for label, spec in POLICIES
+    ]
+    run_summaries(tau, DATA / "locomo-dev.json", counter, baselines)
     scaling(tau, counter)
     print(f"\n{time.perf_counter() - started:.1f} s")
     return 0

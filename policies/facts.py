@@ -49,7 +49,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "amount",
         re.compile(
-            r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|K|M|bn)\b)?"
+            r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|K|M|bn)\b)?(?!\w)"
             r"|\b\d[\d,]*(?:\.\d+)?\s?(?:USD|EUR|GBP|CHF|JPY|dollars|euros|pounds)\b"
         ),
     ),
@@ -82,8 +82,8 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 # A token of an entity that must appear in the source for the entity to count as
 # supported: anything with a digit in it (words like month names may be paraphrased).
-_TOKEN = re.compile(r"[A-Za-z0-9_@.%+/:#-]+")
-_NUMBER = re.compile(r"\b\d[\d,]*(?:\.\d+)?\b")
+_TOKEN = re.compile(r"[A-Za-z0-9_@.,%+/:#-]+")
+_NUMBER = re.compile(r"\b\d[\d,]*\d(?:\.\d+)?\b")  # two digits or more: "step 1" is no entity
 
 
 @dataclass(frozen=True)
@@ -181,18 +181,19 @@ def unsupported(summary: str, source: str) -> list[str]:
     """Entities the summary states that the source never mentions, in order, each once.
 
     Entities are the summary's facts and its numbers. One is supported when
-    each of its tokens that holds a digit (or an ``@``) appears among the
-    source's tokens, after dropping thousands separators and trailing
-    punctuation on both sides: ``1,234`` matches ``1234``, but ``order 1235``
-    does not match ``order 1234``.
+    each of its tokens that holds a digit (or an ``@``) appears in the source
+    as a whole token (not inside a longer number or word), ignoring case,
+    thousands separators and surrounding punctuation: ``1,234`` matches
+    ``1234`` and ``#1234``, but ``order 1235`` does not match ``order 1234``
+    nor ``77`` the ``1977`` of a date.
     """
-    known = _tokens(source)
+    text = source.replace(",", "").lower()
     candidates = [f.value for f in extract([summary])]
     candidates += [m.group() for m in _NUMBER.finditer(summary)]
     out: list[str] = []
     for value in candidates:
         needed = [t for t in _tokens(value) if any(c.isdigit() or c == "@" for c in t)]
-        if not needed or all(t in known for t in needed):
+        if all(_mentions(text, t) for t in needed):
             continue
         # A number inside an already-flagged fact is the same finding.
         if not any(value in flagged for flagged in out):
@@ -200,15 +201,13 @@ def unsupported(summary: str, source: str) -> list[str]:
     return out
 
 
-def _tokens(text: str) -> set[str]:
-    out: set[str] = set()
-    for m in _TOKEN.finditer(text):
-        token = m.group().replace(",", "").strip(".:#/-").lower()
-        if token:
-            out.add(token)
-            # "#1234" and "1234", "order-1234" and "1234": the parts count on their own too.
-            out.update(p for p in re.split(r"[#/:_-]+", token) if p)
-    return out
+def _tokens(text: str) -> list[str]:
+    tokens = (m.group().replace(",", "").strip(".:#/-").lower() for m in _TOKEN.finditer(text))
+    return [t for t in tokens if t]
+
+
+def _mentions(text: str, token: str) -> bool:
+    return re.search(rf"(?<![0-9a-z]){re.escape(token)}(?![0-9a-z])", text) is not None
 
 
 def facts_from_json(data: object) -> tuple[Fact, ...]:

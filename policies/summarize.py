@@ -1,32 +1,21 @@
 """`strategy: summarize`: older turns folded into a stored summary, the newest kept verbatim.
 
-Units are trimming's (:mod:`policies.units`): a leading pseudo-turn, then one
-unit per user turn; tool calls and results never leave their turn, orphans
-are dropped as repairs, system and developer messages are never dropped nor
-altered. A summary covers the units ``[start_unit, cut)``: ``start_unit`` is
-``keep_first_turns`` (the task statement a ``full`` mode keeps), ``cut`` the
-first unit kept verbatim after it. The view forwarded is the first units,
-the summary (a system message after the system messages before it, or a
-user/assistant pair), every system message, then the units from ``cut``.
+Units are trimming's (:mod:`policies.units`): tool calls never leave their
+turn, orphans are dropped as repairs, system and developer messages are
+never dropped nor altered. A summary covers the units ``[start_unit, cut)``
+(``start_unit`` is ``keep_first_turns``). The view forwarded is the first
+units, the summary (a system message, or a user/assistant pair) where the
+summarized turns were, every system message, then the units from ``cut``.
 
-The proxy hands in *states*: the stored summaries that cover a prefix of
-this conversation. :func:`plan` decides:
-
-- no summary is needed (the history is within the trigger): forward it;
-- a stored summary still leaves the view within the trigger: reuse it;
-- otherwise a new summary is needed, of the units up to a new cut: the
-  newest ``keep_last_turns`` stay verbatim, and with a token limit the cut
-  moves on until the kept turns are within ``low_water`` of it (so the next
-  turns fit without summarizing again at once). When a stored summary covers
-  a prefix of that range, the task is incremental: that summary plus only
-  the units after it, so the cost is what is new, not the whole history.
-
-A view over the budget is trimmed like :func:`policies.trim.trim` (tool
-results clipped, then the oldest kept turns dropped, the summary pinned);
-when even the newest turn cannot fit, :class:`ContextTooLong`. Should the
-summarizer fail, :func:`fallback` is plain trimming under the same budget.
-:func:`prefetch` answers "will the next request need a new summary?", so the
-proxy can make it in the background before it is needed.
+Given the stored summaries covering a prefix of the conversation (states),
+:func:`plan` decides: within the trigger, forward as is; a stored summary
+leaving the view within the trigger, reuse it; else make a new one up to a
+new cut (the newest ``keep_last_turns`` verbatim; with a token limit, the
+kept turns within ``low_water`` of it). A stored summary covering a prefix
+of that range makes the task incremental: it plus only the newer units.
+A view over the budget is trimmed as :func:`policies.trim.trim` trims (the
+summary pinned); :func:`fallback` is trimming under the same budget;
+:func:`prefetch` names the summary the next request will need.
 
 Pure: no I/O, no clock; the token counter is handed in.
 """
@@ -156,19 +145,20 @@ def _plan(
 ) -> Plan:
     limit = budget.limit if budget.limit is not None else limit_of(spec)
     s = spec.keep_first_turns
-    state, cut0 = _best_state(shape, spec, states)
+    total, answer, fact_tokens = allowance(spec, limit)
+    # Where a new summary would end now: no stored one may end later.
+    cut = _new_cut(shape, spec, limit, total)
+    state, cut0 = _best_state(shape, spec, states, cut)
     if state is not None:
         cost = _summary_cost(state, spec, count)
         if not _over(shape, spec, limit, s + shape.n - cut0, _tokens(shape, s, cut0, cost)):
             return Plan(decision=_view(shape, spec, count, limit, state, cut0), reused=state)
     elif not _over(shape, spec, limit, shape.n, shape.base + shape.units_cost(0, shape.n)):
         return Plan(decision=_view(shape, spec, count, limit, None, 0))
-    total, answer, fact_tokens = allowance(spec, limit)
-    cut = _new_cut(shape, spec, limit, total)
     if cut <= max(s, cut0):
         # Nothing more can be summarized: the view as it is, trimmed to the budget.
         return Plan(decision=_view(shape, spec, count, limit, state, cut0), reused=state)
-    previous = state if state is not None and cut0 > s else None
+    previous = state  # a usable state always covers at least one unit
     source = tuple(shape.members(cut0 if previous is not None else s, cut))
     empty = count({"content": ""})
     facts = merge(
@@ -210,10 +200,7 @@ def assemble(
 
 
 def fallback(
-    messages: Sequence[Message],
-    spec: SummarizeSpec,
-    count: CountFn,
-    budget: Budget,
+    messages: Sequence[Message], spec: SummarizeSpec, count: CountFn, budget: Budget
 ) -> Decision:
     """Trimming under the same budget: the trigger's turns, the budget's tokens."""
     limit = budget.limit if budget.limit is not None else limit_of(spec)
@@ -235,21 +222,26 @@ def prefetch(
     """The summary the next request will need, when it is near: None when it is not.
 
     ``messages`` is the history so far, the answer included. The next
-    request is imagined as one more (empty) user turn with every token limit
-    ``prefetch_margin`` lower, so a summary is made a little before the
-    trigger is crossed. Indexes in the task refer to ``messages``.
+    request is imagined as one more user turn that costs what the newest
+    turn did (at least ``prefetch_margin`` of each token limit), so a
+    summary is made before the trigger is crossed. Indexes in the task refer
+    to ``messages``.
     """
     if not spec.prefetch:
         return None
-    factor = 1.0 - spec.prefetch_margin
-    limit = budget.limit if budget.limit is not None else limit_of(spec)
-    scaled = dataclasses.replace(
-        spec,
-        trigger_tokens=None if spec.trigger_tokens is None else int(spec.trigger_tokens * factor),
-        max_tokens=None if limit is None else int(limit * factor),
-    )
     ahead = [*messages, {"role": "user", "content": ""}]
     shape = _shape(ahead, count, budget.fixed)
+    newest = shape.units_cost(shape.n - 2, shape.n - 1) if shape.n > 1 else 0
+    limit = budget.limit if budget.limit is not None else limit_of(spec)
+
+    def lower(value: int | None) -> int | None:
+        if value is None:
+            return None
+        return max(1, value - max(int(spec.prefetch_margin * value), newest))
+
+    scaled = dataclasses.replace(
+        spec, trigger_tokens=lower(spec.trigger_tokens), max_tokens=lower(limit)
+    )
     try:
         found = _plan(shape, scaled, count, Budget(fixed=budget.fixed), states, False)
     except ContextTooLong:
@@ -268,18 +260,19 @@ def _unit_at(shape: _Shape, index: int) -> int | None:
 
 
 def _best_state(
-    shape: _Shape, spec: SummarizeSpec, states: Sequence[SummaryState]
+    shape: _Shape, spec: SummarizeSpec, states: Sequence[SummaryState], latest: int
 ) -> tuple[SummaryState | None, int]:
     """The usable state covering the most units, and its cut (0 without one).
 
-    Usable: it starts where this spec's summaries start, ends where a unit
-    starts, never covers the newest unit, and leaves ``keep_last_turns``.
+    Usable: it starts where this spec's summaries start and ends where a
+    unit starts, no later than ``latest``, the cut a new summary would make
+    now (so it leaves ``keep_last_turns`` unless the budget says otherwise,
+    and never covers the newest unit). A summary made ahead for a longer
+    conversation (a retried request) is not usable.
     """
     best: SummaryState | None = None
     best_cut = 0
-    newest = shape.n - 1
-    if spec.keep_last_turns is not None:
-        newest = min(newest, shape.n - spec.keep_last_turns)
+    newest = min(shape.n - 1, latest)
     for state in states:
         cut = _unit_at(shape, state.covers)
         if cut is None or state.start_unit != spec.keep_first_turns:
@@ -308,6 +301,8 @@ def _over(shape: _Shape, spec: SummarizeSpec, limit: int | None, turns: int, tok
 def _new_cut(shape: _Shape, spec: SummarizeSpec, limit: int | None, total: int) -> int:
     """The first unit to keep verbatim after a new summary (never past the newest)."""
     n, s = shape.n, spec.keep_first_turns
+    if n - 1 <= s:
+        return s  # the first units and the newest are all there is: nothing to summarize
     cut = s + 1
     if spec.keep_last_turns is not None:
         cut = max(cut, n - spec.keep_last_turns)

@@ -411,7 +411,7 @@ class ChatExchange:
                 **d.extra,
             }
         if self.summary is not None:
-            record.detail.update(self.summary.detail())
+            record.detail.update(self.summary.detail(record.detail.get("summary")))
         return record
 
     def _observe(self, r: RequestRecord) -> None:
@@ -454,7 +454,7 @@ class ChatExchange:
             turns_dropped=r.turns_dropped,
             messages_dropped=r.messages_dropped,
             reason=r.reason,
-            summary_used=r.detail.get("summary"),
+            summary_used=self.summary.status if self.summary else None,
             fallback=r.detail.get("fallback"),
             incomplete=r.incomplete,
             error=r.error,

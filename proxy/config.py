@@ -17,7 +17,13 @@ from typing import Any, Literal
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
-from proxy.config_summarize import BUILTIN_MODES, ModesConfig, route_modes, summarize_policy
+from proxy.config_summarize import (
+    BUILTIN_MODES,
+    ModesConfig,
+    check_route_policy,
+    route_modes,
+    summarize_policy,
+)
 from proxy.errors import ConfigError
 
 ENV_PREFIX = "os.environ/"
@@ -330,6 +336,7 @@ def _route(
     if history not in ("client", "server"):
         raise ConfigError(node.at("history"), f"must be client or server, got {history!r}")
     path = match.text("path", "/v1/chat/completions") or "/v1/chat/completions"
+    check_route_policy(node, path, pols[policy])
     return RouteConfig(
         name=node.text("name") or f"routes[{index}]",
         match=RouteMatch(path=path, model=match.text("model"), headers=match.str_map("headers")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,16 @@ def _summarizer(node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> Su
         prompt_file=prompt_file,
         timeout_s=node.number("timeout_s", d.timeout_s) or d.timeout_s,
     )
+
+
+def check_route_policy(node: _Node, path: str, spec: PolicySpec) -> None:
+    """Summaries are made for chat completions; a Responses route cannot use one (yet)."""
+    if isinstance(spec, SummarizeSpec) and fnmatchcase("/v1/responses", path):
+        raise ConfigError(
+            node.at("policy"),
+            "a summarize policy serves /v1/chat/completions only, "
+            f"but this route's path {path!r} matches /v1/responses",
+        )
 
 
 def route_modes(node: _Node) -> ModesConfig | None:

@@ -92,13 +92,16 @@ class SummaryOutcome:
     wait_ms: float | None = None
     summary_id: int | None = None
 
-    def detail(self) -> dict[str, Any]:
-        """What the request row and the log line say about it."""
-        out: dict[str, Any] = {"summary": self.status}
+    def detail(self, view: object = None) -> dict[str, Any]:
+        """What the request row says: ``summary`` (``view``, the decision's account of
+        the summary it forwarded, plus status, id and wait) and ``fallback``."""
+        summary: dict[str, Any] = dict(view) if isinstance(view, Mapping) else {}
+        summary["status"] = self.status
         if self.summary_id is not None:
-            out["summary_id"] = self.summary_id
+            summary["id"] = self.summary_id
         if self.wait_ms is not None:
-            out["summary_wait_ms"] = round(self.wait_ms, 2)
+            summary["wait_ms"] = round(self.wait_ms, 2)
+        out: dict[str, Any] = {"summary": summary}
         if self.fallback is not None:
             out["fallback"] = self.fallback
         return out
@@ -243,7 +246,7 @@ class SummaryService:
                 source += [previous.text, *(f.value for f in previous.facts)]
             flagged = unsupported(output.text, "\n".join(source))
             covered = [
-                MessageIn(message=dict(m), content_hash=h, role=str(m.get("role")))
+                MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
                 for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
             ]
             stored = await self.store.save_summary(

@@ -29,7 +29,9 @@ _ids = itertools.count()
 
 @pytest.fixture(params=["sqlite", "memory"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s: Store = SqliteStore(tmp_path / "store.sqlite") if request.param == "sqlite" else MemoryStore()
+    s: Store = (
+        SqliteStore(tmp_path / "store.sqlite") if request.param == "sqlite" else MemoryStore()
+    )
     await s.open()
     yield s
     await s.close()
@@ -120,9 +122,7 @@ async def test_saving_a_summary_leaves_an_existing_sessions_activity_time_alone(
 
 async def test_summaries_for_finds_those_covering_a_prefix_longest_first(store: Store) -> None:
     short = await store.save_summary(ALICE, CHAT[:3], summary("short"))
-    long = await store.save_summary(
-        ALICE, CHAT[:7], summary("long", previous_summary_id=short.id)
-    )
+    long = await store.save_summary(ALICE, CHAT[:7], summary("long", previous_summary_id=short.id))
     assert long.previous_summary_id == short.id
     assert await store.summaries_for(ALICE, PATHS) == [long, short]
     assert await store.summaries_for(ALICE, PATHS, limit=1) == [long]

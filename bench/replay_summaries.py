@@ -1,0 +1,330 @@
+"""The replay bench for summarization: the summarize policies and the modes, offline.
+
+Each conversation is replayed request by request (everything up to each user
+message) through :mod:`policies.summarize`, with the summaries of earlier
+requests as its stored state and the deterministic extractive stand-in
+(``proxy.summarizer.ExtractiveSummarizer``) as the summarizer. After each
+answer, the summary the next request will need is prepared ahead, as the
+proxy does (``prefetch``); a request that still needs one "waits".
+
+Per policy: tokens sent vs the full history; summarizer calls, waits, and
+the tokens an LLM summarizer would have been sent and have written, per 100
+turns; and on LoCoMo the fact retention at each conversation's end: for each
+answerable question, whether its answer string, or its evidence turns, are in
+what would be forwarded with the last request.
+
+Imported by bench/replay.py (``python bench/replay.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policies.apply import apply
+from policies.modes import BALANCED, CONCISE, FULL
+from policies.summarize import assemble, limit_of, plan, prefetch
+from policies.transcript import message_text, transcript
+from policies.types import (
+    Budget,
+    ContextTooLong,
+    CountFn,
+    Decision,
+    Message,
+    PolicySpec,
+    SummarizeSpec,
+    SummaryState,
+    SummaryTask,
+)
+from proxy.summarizer import (
+    DEFAULT_PROMPT,
+    ExtractiveSummarizer,
+    SummaryFailed,
+    SummaryRequest,
+    request_messages,
+)
+from proxy.tokens import TiktokenCounter
+
+Conversation = list[dict[str, Any]]
+
+SUMMARIZE_POLICIES: list[tuple[str, SummarizeSpec]] = [
+    ("summarize turns=8 keep=3", SummarizeSpec(trigger_turns=8, keep_last_turns=3)),
+    (
+        "summarize tokens=2000 keep=3",
+        SummarizeSpec(trigger_tokens=2000, keep_last_turns=3, summary_share=0.25),
+    ),
+    ("mode concise", CONCISE),
+    ("mode balanced", BALANCED),
+    ("mode full", FULL),
+]
+
+
+@dataclass
+class Locomo:
+    messages: Conversation
+    # dia_id -> index of its message.
+    turns: dict[str, int]
+    questions: list[dict[str, Any]]
+
+
+def load_locomo(path: Path) -> list[Locomo]:
+    """LoCoMo conversations as chat messages (as bench/replay.py builds them), with their QA."""
+    out = []
+    for entry in json.loads(path.read_text()):
+        sessions = entry["conversation"]
+        numbers = sorted(
+            int(m.group(1))
+            for key, value in sessions.items()
+            if (m := re.fullmatch(r"session_(\d+)", key)) and isinstance(value, list)
+        )
+        turns = [turn for n in numbers for turn in sessions[f"session_{n}"]]
+        if not turns:
+            continue
+        first = turns[0]["speaker"]
+        other = next((t["speaker"] for t in turns if t["speaker"] != first), "them")
+        messages: Conversation = [
+            {"role": "system", "content": f"You are {other}, chatting with your friend {first}."}
+        ]
+        index: dict[str, int] = {}
+        for turn in turns:
+            text = turn["text"]
+            if turn.get("blip_caption"):
+                text += f" [shares a photo: {turn['blip_caption']}]"
+            index[turn["dia_id"]] = len(messages)
+            role = "user" if turn["speaker"] == first else "assistant"
+            messages.append({"role": role, "content": text})
+        answerable = [q for q in entry["qa"] if "answer" in q]
+        out.append(Locomo(messages, index, answerable))
+    return out
+
+
+def requests(conversation: Conversation) -> Iterator[Conversation]:
+    for i, message in enumerate(conversation):
+        if message["role"] == "user":
+            yield conversation[: i + 1]
+
+
+def lookup(counter: TiktokenCounter, conversation: Conversation) -> CountFn:
+    table = {id(m): counter.count_message(m) for m in conversation}
+
+    def count(message: Message) -> int:
+        found = table.get(id(message))
+        return found if found is not None else counter.count_message(message)
+
+    return count
+
+
+@dataclass
+class SumStats:
+    requests: int = 0
+    too_long: int = 0
+    full: list[int] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    last_full: list[int] = field(default_factory=list)
+    last_sent: list[int] = field(default_factory=list)
+    calls: int = 0
+    waits: int = 0
+    failed: int = 0
+    flagged: int = 0
+    summarizer_in: int = 0
+    summarizer_out: int = 0
+    # The last request's forwarded messages, per conversation.
+    final: list[list[Message]] = field(default_factory=list)
+
+
+class Summaries:
+    """The stored summaries of one conversation, made by the extractive stand-in."""
+
+    def __init__(self, counter: TiktokenCounter, stats: SumStats) -> None:
+        self.counter = counter
+        self.stats = stats
+        self.states: list[SummaryState] = []
+        empty = counter.count_message({"content": ""})
+        self.summarizer = ExtractiveSummarizer(
+            lambda text: counter.count_message({"content": text}) - empty
+        )
+
+    def make(self, messages: Conversation, task: SummaryTask) -> SummaryState | None:
+        previous = task.previous.text if task.previous is not None else None
+        request = SummaryRequest(previous, transcript(messages, task.source), task.max_tokens)
+        self.stats.calls += 1
+        # What an LLM summarizer would be sent: the prompt, the summary so far, the new turns.
+        self.stats.summarizer_in += self.counter.count_messages(
+            request_messages(DEFAULT_PROMPT, request)
+        )
+        try:
+            output = self.summarizer.make(request)
+        except SummaryFailed:
+            self.stats.failed += 1
+            return None
+        self.stats.summarizer_out += self.counter.count_message({"content": output.text})
+        state = task.state(output.text)
+        self.states.append(state)
+        return state
+
+
+def replay_summarize(
+    conversations: list[Conversation], spec: SummarizeSpec, counter: TiktokenCounter
+) -> SumStats:
+    stats = SumStats()
+    budget = Budget(limit=limit_of(spec), fixed=counter.count_request_fixed({}))
+    for conversation in conversations:
+        count = lookup(counter, conversation)
+        store = Summaries(counter, stats)
+        sent = list(requests(conversation))
+        last: Decision | None = None
+        for k, request in enumerate(sent):
+            stats.requests += 1
+            try:
+                decision = _decide(request, spec, count, budget, store)
+            except ContextTooLong:
+                stats.too_long += 1
+                continue
+            stats.full.append(decision.tokens_before)
+            stats.sent.append(decision.tokens_after)
+            last = decision
+            if k + 1 < len(sent):
+                # After the answer: the history up to the next user message.
+                history = sent[k + 1][:-1]
+                ahead = prefetch(history, spec, count, budget, store.states)
+                if ahead is not None:
+                    store.make(history, ahead)
+        if last is not None:
+            stats.last_full.append(last.tokens_before)
+            stats.last_sent.append(last.tokens_after)
+            stats.final.append(last.messages)
+    return stats
+
+
+def _decide(
+    request: Conversation,
+    spec: SummarizeSpec,
+    count: CountFn,
+    budget: Budget,
+    store: Summaries,
+) -> Decision:
+    planned = plan(request, spec, count, budget, store.states)
+    if planned.decision is not None:
+        return planned.decision
+    assert planned.task is not None and planned.fallback is not None
+    store.stats.waits += 1
+    state = store.make(request, planned.task)
+    if state is None:
+        return planned.fallback
+    return assemble(request, spec, count, budget, state)
+
+
+def final_forwarded(
+    conversation: Conversation, spec: PolicySpec, counter: TiktokenCounter, limit: int | None
+) -> list[Message]:
+    """What a stateless policy forwards with the conversation's last request."""
+    last = list(requests(conversation))[-1]
+    budget = Budget(limit=limit, fixed=counter.count_request_fixed({}))
+    try:
+        return apply(last, spec, lookup(counter, conversation), budget).messages
+    except ContextTooLong:
+        return []
+
+
+@dataclass
+class Retention:
+    questions: int = 0
+    answer: int = 0
+    evidence: int = 0
+    either: int = 0
+
+
+def retention(items: list[Locomo], finals: list[list[Message]]) -> Retention:
+    """For each answerable question: is its answer, or are its evidence turns, forwarded?"""
+    out = Retention()
+    for item, forwarded in zip(items, finals, strict=True):
+        text = "\n".join(message_text(m) for m in forwarded).lower()
+        present = {id(m) for m in forwarded}
+        for q in item.questions:
+            out.questions += 1
+            by_answer = str(q["answer"]).lower() in text
+            wanted = [item.turns[e] for e in q.get("evidence", []) if e in item.turns]
+            by_evidence = bool(wanted) and all(id(item.messages[i]) in present for i in wanted)
+            out.answer += by_answer
+            out.evidence += by_evidence
+            out.either += by_answer or by_evidence
+    return out
+
+
+def _mean(values: list[int]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def print_summarize_table(name: str, rows: list[tuple[str, SumStats]]) -> None:
+    print(f"\n== summarization: {name}")
+    header = (
+        f"{'policy':30} {'reqs':>5} {'400s':>4} {'sent/full mean':>17} {'%':>4} "
+        f"{'sent/full last':>17} {'%':>4} {'calls':>6} {'waits':>6} {'in tok':>7} {'out tok':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for label, s in rows:
+        sent, full = _mean(s.sent), _mean(s.full)
+        last_sent, last_full = _mean(s.last_sent), _mean(s.last_full)
+        per = 100 / s.requests if s.requests else 0.0
+        print(
+            f"{label:30} {s.requests:5d} {s.too_long:4d} "
+            f"{sent:8.0f}/{full:8.0f} {100 * sent / full if full else 0:4.0f} "
+            f"{last_sent:8.0f}/{last_full:8.0f} {100 * last_sent / last_full if last_full else 0:4.0f} "
+            f"{s.calls * per:6.1f} {s.waits * per:6.1f} "
+            f"{s.summarizer_in * per:7.0f} {s.summarizer_out * per:7.0f}"
+        )
+    print(
+        "calls, waits (requests that needed a summary not prepared ahead) and the tokens an "
+        "LLM summarizer\nwould be sent (in) and write (out) are per 100 turns; "
+        "summaries by the extractive stand-in"
+    )
+
+
+def _share(n: int, of: int) -> str:
+    return f"{100 * n / of:.1f}%" if of else "-"
+
+
+def print_retention_table(name: str, rows: list[tuple[str, Retention]]) -> None:
+    questions = rows[0][1].questions if rows else 0
+    print(f"\n== fact retention at the conversation's end: {name} ({questions} questions)")
+    header = f"{'policy':34} {'answer':>7} {'evidence':>9} {'either':>7}"
+    print(header)
+    print("-" * len(header))
+    for label, r in rows:
+        answer, evidence, either = (
+            _share(n, r.questions) for n in (r.answer, r.evidence, r.either)
+        )
+        print(f"{label:34} {answer:>7} {evidence:>9} {either:>7}")
+    print(
+        "answer: the answer string is in the forwarded text; evidence: every evidence turn is "
+        "forwarded verbatim"
+    )
+
+
+def run(
+    tau: list[Conversation],
+    locomo_path: Path,
+    counter: TiktokenCounter,
+    baselines: list[tuple[str, PolicySpec, int | None]],
+) -> None:
+    """Every summarize policy on both datasets, then fact retention on LoCoMo."""
+    items = load_locomo(locomo_path)
+    locomo = [item.messages for item in items]
+    print_summarize_table(
+        f"tau-airline-dev ({len(tau)} conversations)",
+        [(label, replay_summarize(tau, spec, counter)) for label, spec in SUMMARIZE_POLICIES],
+    )
+    rows = [(label, replay_summarize(locomo, spec, counter)) for label, spec in SUMMARIZE_POLICIES]
+    print_summarize_table(f"locomo-dev ({len(locomo)} conversations)", rows)
+    kept = [
+        (label, retention(items, [final_forwarded(c, spec, counter, limit) for c in locomo]))
+        for label, spec, limit in baselines
+    ]
+    kept += [(label, retention(items, stats.final)) for label, stats in rows]
+    print_retention_table(f"locomo-dev ({len(locomo)} conversations)", kept)
