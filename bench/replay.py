@@ -25,13 +25,11 @@ long conversation made of tau conversations end to end (target <= 3x).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import re
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,13 @@ if _litellm is not None and _litellm.origin is not None:
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_tokenizers))
 sys.path.insert(0, str(ROOT))
 
+from bench.replay_summaries import (  # noqa: E402
+    TokenStats,
+    lookup,
+    mean,
+    token_columns,
+    token_header,
+)
 from bench.replay_summaries import run as run_summaries  # noqa: E402
 from policies.apply import apply  # noqa: E402
 from policies.trim import budget_limit  # noqa: E402
@@ -60,6 +65,7 @@ from policies.types import (  # noqa: E402
     PolicySpec,
     TrimSpec,
 )
+from proxy.replay import load_file, newest_turn_start, requests  # noqa: E402
 from proxy.tokens import TiktokenCounter  # noqa: E402
 
 Conversation = list[dict[str, Any]]
@@ -78,71 +84,13 @@ CLIPPING: tuple[str, PolicySpec] = (
 SCALING_TARGET = 3.0
 
 
-def load_tau() -> list[Conversation]:
-    return [entry["traj"] for entry in json.loads((DATA / "tau-airline-dev.json").read_text())]
-
-
-def load_locomo() -> list[Conversation]:
-    """Each LoCoMo conversation as chat messages: the first speaker is the user."""
-    conversations = []
-    for entry in json.loads((DATA / "locomo-dev.json").read_text()):
-        sessions = entry["conversation"]
-        numbers = sorted(
-            int(m.group(1))
-            for key, value in sessions.items()
-            if (m := re.fullmatch(r"session_(\d+)", key)) and isinstance(value, list)
-        )
-        turns = [turn for n in numbers for turn in sessions[f"session_{n}"]]
-        if not turns:
-            continue
-        first = turns[0]["speaker"]
-        other = next((t["speaker"] for t in turns if t["speaker"] != first), "them")
-        messages: Conversation = [
-            {"role": "system", "content": f"You are {other}, chatting with your friend {first}."}
-        ]
-        for turn in turns:
-            text = turn["text"]
-            if turn.get("blip_caption"):
-                text += f" [shares a photo: {turn['blip_caption']}]"
-            role = "user" if turn["speaker"] == first else "assistant"
-            messages.append({"role": role, "content": text})
-        conversations.append(messages)
-    return conversations
-
-
-def requests(conversation: Conversation) -> Iterator[Conversation]:
-    """What a client sends: everything up to and including each user message."""
-    for i, message in enumerate(conversation):
-        if message["role"] == "user":
-            yield conversation[: i + 1]
-
-
-def newest_turn_start(messages: list[Message]) -> int:
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "user":
-            return i
-    return len(messages)
-
-
-def lookup(counter: TiktokenCounter, conversation: Conversation) -> CountFn:
-    """Counts by object, computed up front (the proxy's token step), counter as fallback."""
-    table = {id(m): counter.count_message(m) for m in conversation}
-
-    def count(message: Message) -> int:
-        found = table.get(id(message))
-        return found if found is not None else counter.count_message(message)
-
-    return count
+def load(name: str) -> list[Conversation]:
+    """Every conversation of a dataset, as proxy/replay.py loads it for `python -m proxy replay`."""
+    return [c.messages for c in load_file(DATA / name) if c.messages]
 
 
 @dataclass
-class Stats:
-    requests: int = 0
-    too_long: int = 0
-    full: list[int] = field(default_factory=list)
-    sent: list[int] = field(default_factory=list)
-    last_full: list[int] = field(default_factory=list)
-    last_sent: list[int] = field(default_factory=list)
+class Stats(TokenStats):
     pairs: int = 0
     stable: int = 0
     micros: list[float] = field(default_factory=list)
@@ -196,26 +144,15 @@ def replay(conversations: list[Conversation], spec: PolicySpec, counter: Tiktoke
     return stats
 
 
-def mean(values: list[int] | list[float]) -> float:
-    return statistics.fmean(values) if values else 0.0
-
-
 def print_table(name: str, rows: list[tuple[str, Stats]]) -> None:
     print(f"\n== {name}")
-    header = (
-        f"{'policy':34} {'reqs':>5} {'400s':>4} {'sent/full mean':>17} {'%':>4} "
-        f"{'sent/full last':>17} {'%':>4} {'stable':>7} {'us/req':>7} {'us/req*':>7}"
-    )
+    header = f"{token_header(34)} {'stable':>7} {'us/req':>7} {'us/req*':>7}"
     print(header)
     print("-" * len(header))
     for label, s in rows:
-        sent, full = mean(s.sent), mean(s.full)
-        last_sent, last_full = mean(s.last_sent), mean(s.last_full)
         stable = f"{100 * s.stable / s.pairs:.1f}%" if s.pairs else "-"
         print(
-            f"{label:34} {s.requests:5d} {s.too_long:4d} "
-            f"{sent:8.0f}/{full:8.0f} {100 * sent / full if full else 0:4.0f} "
-            f"{last_sent:8.0f}/{last_full:8.0f} {100 * last_sent / last_full if last_full else 0:4.0f} "
+            f"{token_columns(label, 34, s)} "
             f"{stable:>7} {mean(s.micros):7.1f} {mean(s.micros_lookup):7.1f}"
         )
     print("us/req: real counter, cache warm; us/req*: counts looked up by object (policy alone)")
@@ -261,7 +198,7 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     counter = TiktokenCounter("gpt-4o")
-    tau, locomo = load_tau(), load_locomo()
+    tau, locomo = load("tau-airline-dev.json"), load("locomo-dev.json")
     for name, conversations, policies in (
         (f"tau-airline-dev ({len(tau)} conversations)", tau, [*POLICIES, CLIPPING]),
         (f"locomo-dev ({len(locomo)} conversations)", locomo, POLICIES),

@@ -1,9 +1,10 @@
 """The replay bench for summarization: the summarize policies and the modes, offline.
 
 Each conversation is replayed request by request (everything up to each user
-message) through :mod:`policies.summarize`, with the summaries of earlier
-requests as its stored state and the deterministic extractive stand-in
-(``proxy.summarizer.ExtractiveSummarizer``) as the summarizer. After each
+message) as ``python -m proxy replay`` replays a summarize policy
+(:mod:`proxy.offline_summaries`): the summaries of earlier requests are its
+stored state, the deterministic extractive stand-in
+(``proxy.summarizer.ExtractiveSummarizer``) is the summarizer. After each
 answer, the summary the next request will need is prepared ahead, as the
 proxy does (``prefetch``); a request that still needs one "waits".
 
@@ -19,17 +20,15 @@ Imported by bench/replay.py (``python bench/replay.py``).
 from __future__ import annotations
 
 import json
-import re
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from policies.apply import apply
 from policies.modes import BALANCED, CONCISE, FULL
-from policies.summarize import assemble, limit_of, plan, prefetch
-from policies.transcript import message_text, transcript
+from policies.summarize import limit_of
+from policies.transcript import message_text
 from policies.types import (
     Budget,
     ContextTooLong,
@@ -38,16 +37,10 @@ from policies.types import (
     Message,
     PolicySpec,
     SummarizeSpec,
-    SummaryState,
-    SummaryTask,
 )
-from proxy.summarizer import (
-    DEFAULT_PROMPT,
-    ExtractiveSummarizer,
-    SummaryFailed,
-    SummaryRequest,
-    request_messages,
-)
+from proxy.offline_summaries import OfflineSummaries
+from proxy.replay import locomo_dialogue, requests
+from proxy.summarizer import DEFAULT_PROMPT, SummaryOutput, SummaryRequest, request_messages
 from proxy.tokens import TiktokenCounter
 
 Conversation = list[dict[str, Any]]
@@ -73,43 +66,17 @@ class Locomo:
 
 
 def load_locomo(path: Path) -> list[Locomo]:
-    """LoCoMo conversations as chat messages (as bench/replay.py builds them), with their QA."""
+    """LoCoMo conversations as chat messages (proxy/replay.py's loader), with their QA."""
     out = []
     for entry in json.loads(path.read_text()):
-        sessions = entry["conversation"]
-        numbers = sorted(
-            int(m.group(1))
-            for key, value in sessions.items()
-            if (m := re.fullmatch(r"session_(\d+)", key)) and isinstance(value, list)
-        )
-        turns = [turn for n in numbers for turn in sessions[f"session_{n}"]]
-        if not turns:
-            continue
-        first = turns[0]["speaker"]
-        other = next((t["speaker"] for t in turns if t["speaker"] != first), "them")
-        messages: Conversation = [
-            {"role": "system", "content": f"You are {other}, chatting with your friend {first}."}
-        ]
-        index: dict[str, int] = {}
-        for turn in turns:
-            text = turn["text"]
-            if turn.get("blip_caption"):
-                text += f" [shares a photo: {turn['blip_caption']}]"
-            index[turn["dia_id"]] = len(messages)
-            role = "user" if turn["speaker"] == first else "assistant"
-            messages.append({"role": role, "content": text})
-        answerable = [q for q in entry["qa"] if "answer" in q]
-        out.append(Locomo(messages, index, answerable))
+        messages, turns = locomo_dialogue(entry)
+        if messages:
+            out.append(Locomo(messages, turns, [q for q in entry["qa"] if "answer" in q]))
     return out
 
 
-def requests(conversation: Conversation) -> Iterator[Conversation]:
-    for i, message in enumerate(conversation):
-        if message["role"] == "user":
-            yield conversation[: i + 1]
-
-
 def lookup(counter: TiktokenCounter, conversation: Conversation) -> CountFn:
+    """Counts by object, computed up front (the proxy's token step), counter as fallback."""
     table = {id(m): counter.count_message(m) for m in conversation}
 
     def count(message: Message) -> int:
@@ -120,13 +87,40 @@ def lookup(counter: TiktokenCounter, conversation: Conversation) -> CountFn:
 
 
 @dataclass
-class SumStats:
+class TokenStats:
+    """Tokens sent vs the full history, per request and at each conversation's last one."""
+
     requests: int = 0
     too_long: int = 0
     full: list[int] = field(default_factory=list)
     sent: list[int] = field(default_factory=list)
     last_full: list[int] = field(default_factory=list)
     last_sent: list[int] = field(default_factory=list)
+
+
+def token_header(width: int) -> str:
+    return (
+        f"{'policy':{width}} {'reqs':>5} {'400s':>4} {'sent/full mean':>17} {'%':>4} "
+        f"{'sent/full last':>17} {'%':>4}"
+    )
+
+
+def token_columns(label: str, width: int, s: TokenStats) -> str:
+    sent, full = mean(s.sent), mean(s.full)
+    last_sent, last_full = mean(s.last_sent), mean(s.last_full)
+    return (
+        f"{label:{width}} {s.requests:5d} {s.too_long:4d} "
+        f"{sent:8.0f}/{full:8.0f} {100 * sent / full if full else 0:4.0f} "
+        f"{last_sent:8.0f}/{last_full:8.0f} {100 * last_sent / last_full if last_full else 0:4.0f}"
+    )
+
+
+def mean(values: list[int] | list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+@dataclass
+class SumStats(TokenStats):
     calls: int = 0
     waits: int = 0
     failed: int = 0
@@ -137,51 +131,27 @@ class SumStats:
     final: list[list[Message]] = field(default_factory=list)
 
 
-class Summaries:
-    """The stored summaries of one conversation, made by the extractive stand-in."""
-
-    def __init__(self, counter: TiktokenCounter, stats: SumStats) -> None:
-        self.counter = counter
-        self.stats = stats
-        self.states: list[SummaryState] = []
-        empty = counter.count_message({"content": ""})
-        self.summarizer = ExtractiveSummarizer(
-            lambda text: counter.count_message({"content": text}) - empty
-        )
-
-    def make(self, messages: Conversation, task: SummaryTask) -> SummaryState | None:
-        previous = task.previous.text if task.previous is not None else None
-        request = SummaryRequest(previous, transcript(messages, task.source), task.max_tokens)
-        self.stats.calls += 1
-        # What an LLM summarizer would be sent: the prompt, the summary so far, the new turns.
-        self.stats.summarizer_in += self.counter.count_messages(
-            request_messages(DEFAULT_PROMPT, request)
-        )
-        try:
-            output = self.summarizer.make(request)
-        except SummaryFailed:
-            self.stats.failed += 1
-            return None
-        self.stats.summarizer_out += self.counter.count_message({"content": output.text})
-        state = task.state(output.text)
-        self.states.append(state)
-        return state
-
-
 def replay_summarize(
     conversations: list[Conversation], spec: SummarizeSpec, counter: TiktokenCounter
 ) -> SumStats:
     stats = SumStats()
     budget = Budget(limit=limit_of(spec), fixed=counter.count_request_fixed({}))
+
+    def measure(request: SummaryRequest, output: SummaryOutput | None) -> None:
+        # What an LLM summarizer would be sent (the prompt, the summary so far, the new
+        # turns) and would write.
+        stats.summarizer_in += counter.count_messages(request_messages(DEFAULT_PROMPT, request))
+        if output is not None:
+            stats.summarizer_out += counter.count_message({"content": output.text})
+
     for conversation in conversations:
-        count = lookup(counter, conversation)
-        store = Summaries(counter, stats)
+        summaries = OfflineSummaries(spec, lookup(counter, conversation), budget, on_call=measure)
         sent = list(requests(conversation))
         last: Decision | None = None
         for k, request in enumerate(sent):
             stats.requests += 1
             try:
-                decision = _decide(request, spec, count, budget, store)
+                decision = summaries.decide(request)
             except ContextTooLong:
                 stats.too_long += 1
                 continue
@@ -190,33 +160,15 @@ def replay_summarize(
             last = decision
             if k + 1 < len(sent):
                 # After the answer: the history up to the next user message.
-                history = sent[k + 1][:-1]
-                ahead = prefetch(history, spec, count, budget, store.states)
-                if ahead is not None:
-                    store.make(history, ahead)
+                summaries.prepare(sent[k + 1][:-1])
+        stats.calls += summaries.calls
+        stats.waits += summaries.waits
+        stats.failed += summaries.failed
         if last is not None:
             stats.last_full.append(last.tokens_before)
             stats.last_sent.append(last.tokens_after)
             stats.final.append(last.messages)
     return stats
-
-
-def _decide(
-    request: Conversation,
-    spec: SummarizeSpec,
-    count: CountFn,
-    budget: Budget,
-    store: Summaries,
-) -> Decision:
-    planned = plan(request, spec, count, budget, store.states)
-    if planned.decision is not None:
-        return planned.decision
-    assert planned.task is not None and planned.fallback is not None
-    store.stats.waits += 1
-    state = store.make(request, planned.task)
-    if state is None:
-        return planned.fallback
-    return assemble(request, spec, count, budget, state)
 
 
 def final_forwarded(
@@ -256,27 +208,15 @@ def retention(items: list[Locomo], finals: list[list[Message]]) -> Retention:
     return out
 
 
-def _mean(values: list[int]) -> float:
-    return statistics.fmean(values) if values else 0.0
-
-
 def print_summarize_table(name: str, rows: list[tuple[str, SumStats]]) -> None:
     print(f"\n== summarization: {name}")
-    header = (
-        f"{'policy':30} {'reqs':>5} {'400s':>4} {'sent/full mean':>17} {'%':>4} "
-        f"{'sent/full last':>17} {'%':>4} {'calls':>6} {'waits':>6} {'in tok':>7} {'out tok':>7}"
-    )
+    header = f"{token_header(30)} {'calls':>6} {'waits':>6} {'in tok':>7} {'out tok':>7}"
     print(header)
     print("-" * len(header))
     for label, s in rows:
-        sent, full = _mean(s.sent), _mean(s.full)
-        last_sent, last_full = _mean(s.last_sent), _mean(s.last_full)
         per = 100 / s.requests if s.requests else 0.0
         print(
-            f"{label:30} {s.requests:5d} {s.too_long:4d} "
-            f"{sent:8.0f}/{full:8.0f} {100 * sent / full if full else 0:4.0f} "
-            f"{last_sent:8.0f}/{last_full:8.0f} {100 * last_sent / last_full if last_full else 0:4.0f} "
-            f"{s.calls * per:6.1f} {s.waits * per:6.1f} "
+            f"{token_columns(label, 30, s)} {s.calls * per:6.1f} {s.waits * per:6.1f} "
             f"{s.summarizer_in * per:7.0f} {s.summarizer_out * per:7.0f}"
         )
     print(

@@ -2,8 +2,9 @@
 
 ``sessions`` works on the same store the proxy writes (read while it runs:
 SQLite in WAL mode lets readers and one writer share the file) and shows what
-the admin API shows. ``replay`` runs a conversation through a configured
-policy offline, with the proxy's own rewriter, and prints each turn.
+the admin API shows (:mod:`proxy.admin_views`). ``replay`` runs a
+conversation through a configured policy offline, with the proxy's own
+rewriter, and prints each turn (:mod:`proxy.replay_cli`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,26 +19,10 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from policies.types import Decision, Message
-from proxy.admin import export_lines, ndjson, session_detail, session_list
-from proxy.config import Config, StoreConfig, load_config
-from proxy.errors import ConfigError
-from proxy.replay import (
-    COLUMNS,
-    Decide,
-    NamedConversation,
-    ReplayFormatError,
-    TurnResult,
-    format_row,
-    format_totals,
-    load_file,
-    replay,
-    requests,
-)
+from proxy.admin_views import export_lines, ndjson, session_detail, session_list
+from proxy.config import StoreConfig
+from proxy.replay_cli import run_replay
 from proxy.store.base import SessionRef, Store
-
-# Replays with fewer turns than this finish before progress would be worth showing.
-PROGRESS_MIN_TURNS = 50
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
@@ -80,14 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--jsonl", action="store_true", help="one JSON object per turn")
     rp.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     return parser
-
-
-def _load(path: str, err: TextIO) -> Config | None:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=err)
-        return None
 
 
 # -- sessions -------------------------------------------------------------------
@@ -171,7 +147,7 @@ def print_session(d: dict[str, Any], out: TextIO) -> None:
             f"{_preview(i['message'])}",
             file=out,
         )
-    print(f"\nsummaries: {len(d['summaries']) or 'none'}", file=out)
+    print_summaries(d["summaries"], out)
     print("\nrequests:", file=out)
     print(
         f"{'request':24} {'created (UTC)':23} {'policy':12} {'status':>6} {'tokens':>13} "
@@ -191,6 +167,54 @@ def print_session(d: dict[str, Any], out: TextIO) -> None:
         )
         if r["error"]:
             print(f"{'':24} error: {r['error']}", file=out)
+        used = summary_use(r)
+        if used:
+            print(f"{'':24} {used}", file=out)
+
+
+def print_summaries(summaries: list[dict[str, Any]], out: TextIO) -> None:
+    """Each stored summary: what it covers, who made it, its text, pinned facts and flags."""
+    print(f"\nsummaries: {len(summaries) or 'none'}", file=out)
+    for s in summaries:
+        branch = "" if s["on_current_branch"] else " (not on the current branch)"
+        after = f" after the first {s['start_unit']} turns" if s["start_unit"] else ""
+        extends = f", extends #{s['previous_summary_id']}" if s["previous_summary_id"] else ""
+        print(
+            f"  #{s['id']} covers up to item {s['covers_item_id']}{after}{branch}{extends}; "
+            f"{s['model'] or '-'}, prompt {s['prompt_hash'] or '-'}, "
+            f"{(s['created_at'] or '')[:23]}",
+            file=out,
+        )
+        usage = s["usage"] or {}
+        tokens = f"{usage.get('prompt_tokens', '-')} in, {usage.get('completion_tokens', '-')} out"
+        used_by = ", ".join(s["used_by"]) or "none"
+        print(f"    usage: {tokens if usage else '-'}; forwarded by: {used_by}", file=out)
+        for line in s["text"].splitlines():
+            print(f"    | {line}", file=out)
+        if s["facts"]:
+            facts = "; ".join(f"{f.get('kind')} {f.get('value')}" for f in s["facts"])
+            print(f"    pinned facts: {facts}", file=out)
+        if s["flagged"]:
+            print(f"    flagged (not in its source): {', '.join(s['flagged'])}", file=out)
+
+
+def summary_use(r: dict[str, Any]) -> str:
+    """A request's use of a summary in a line; empty when it had none to use."""
+    used, fallback = r["summarized"], r["fallback"]
+    if used is None or used["status"] == "none":
+        return ""
+    line = f"summary {used['status']}"
+    if used["summary_id"] is not None:
+        line += f" #{used['summary_id']}"
+    if used["turns"] is not None:
+        line += (
+            f": {used['turns']} turns ({len(used['indexes'])} messages) in {used['tokens']} tokens"
+        )
+    if fallback:
+        line += f" ({fallback})"
+    if used["wait_ms"] is not None:
+        line += f", waited {used['wait_ms']:.1f} ms"
+    return line
 
 
 def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -239,116 +263,10 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return asyncio.run(_with_store(path, work))
 
 
-# -- replay -----------------------------------------------------------------------
-
-
-class Progress:
-    """Turns replayed so far, on stderr: a live line on a terminal, else every 10%."""
-
-    def __init__(self, total: int, stream: TextIO, enabled: bool) -> None:
-        self.total = total
-        self.stream = stream
-        self.enabled = enabled and total >= PROGRESS_MIN_TURNS
-        self.tty = stream.isatty()
-        self.done = 0
-        self.started = time.monotonic()
-        self._last_draw = 0.0
-        self._last_step = 0
-
-    def advance(self) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        if self.tty:
-            now = time.monotonic()
-            if now - self._last_draw >= 0.1 or self.done == self.total:
-                self._last_draw = now
-                self.stream.write(f"\rreplaying: {self.done}/{self.total} turns")
-                self.stream.flush()
-            return
-        step = self.done * 10 // self.total
-        if step > self._last_step:
-            self._last_step = step
-            self.stream.write(f"replaying: {self.done}/{self.total} turns ({step * 10}%)\n")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            elapsed = time.monotonic() - self.started
-            end = "\n" if self.tty else ""
-            self.stream.write(f"{end}replayed {self.done} turns in {elapsed:.1f} s\n")
-
-
-def _replay(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    config = _load(ns.config, err)
-    if config is None:
-        return 2
-    if ns.policy not in config.policies:
-        names = ", ".join(sorted(config.policies))
-        print(f"no policy {ns.policy!r} in {ns.config} (have: {names})", file=err)
-        return 2
-    try:
-        conversations = load_file(ns.file)
-    except (OSError, ReplayFormatError) as exc:
-        print(f"cannot replay {ns.file}: {exc}", file=err)
-        return 2
-    if ns.index is not None:
-        if not 0 <= ns.index < len(conversations):
-            print(f"--index must be 0..{len(conversations) - 1}", file=err)
-            return 2
-        conversations = [conversations[ns.index]]
-
-    from proxy.model_info import offline_environment
-    from proxy.rewriter import Rewriter
-
-    offline_environment()
-    rewriter = Rewriter(config.policies)
-    body = {"model": ns.model}
-
-    def decide(messages: Sequence[Message]) -> Decision:
-        return rewriter.decide(ns.policy, messages, body, ns.model)
-
-    total = sum(sum(1 for _ in requests(c.messages)) for c in conversations)
-    progress = Progress(total, err, enabled=not ns.no_progress)
-    for n, conversation in enumerate(conversations, start=1):
-        _replay_one(ns, n, len(conversations), conversation, decide, progress, out)
-    progress.finish()
-    return 0
-
-
-def _replay_one(
-    ns: argparse.Namespace,
-    n: int,
-    count: int,
-    conversation: NamedConversation,
-    decide: Decide,
-    progress: Progress,
-    out: TextIO,
-) -> None:
-    results: list[TurnResult] = []
-    if not ns.jsonl:
-        print(
-            f"# {conversation.name} ({n}/{count}): {len(conversation.messages)} messages, "
-            f"policy {ns.policy}, model {ns.model}",
-            file=out,
-        )
-        print(COLUMNS, file=out)
-    for result in replay(conversation.messages, decide):
-        results.append(result)
-        progress.advance()
-        if ns.jsonl:
-            line = {"conversation": conversation.name, **result.as_dict()}
-            out.write(orjson.dumps(line).decode() + "\n")
-        else:
-            print(format_row(result), file=out)
-    if not ns.jsonl:
-        print(format_totals(results) + "\n", file=out)
-
-
 def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
     ns = _parser().parse_args(list(argv))
     out = out or sys.stdout
     err = err or sys.stderr
     if ns.command == "sessions":
         return _sessions(ns, out, err)
-    return _replay(ns, out, err)
+    return run_replay(ns, out, err)

@@ -84,7 +84,14 @@ async def context_preview(request: Request) -> Response:
             "model": exchange.model,
             "route": route.name,
             "upstream": route.upstream,
-            "policy": route.policy,
+            # The policy applied: a context mode (the X-Context-Mode header or a
+            # route rule) may have replaced the route's, as on the real request.
+            "policy": exchange.policy or route.policy,
+            "mode": exchange.mode,
+            # Summarize policies: ``needed`` when the real request would make one.
+            "summary": None
+            if exchange.summary is None
+            else {"status": exchange.summary.status, "fallback": exchange.summary.fallback},
             "history": route.history,
             "session": None
             if exchange.ref is None

@@ -6,8 +6,9 @@ tau-bench file (entries with a ``traj``), a LoCoMo file (``conversation`` with
 speaker is the user), or a session exported by the admin API (JSON Lines).
 ``replay`` then sends, for each user message, everything up to it through a
 ``decide`` function (normally ``Rewriter.decide``, the proxy's own code path)
-and reports what the policy did. Nothing here does I/O besides the loaders,
-so benchmarks can reuse it.
+and reports what the policy did (a summarize policy's summaries are kept in
+memory by :mod:`proxy.offline_summaries`). Nothing here does I/O besides the
+loaders, so benchmarks can reuse it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def is_chat(value: object) -> bool:
 
 def locomo_messages(entry: Mapping[str, Any]) -> Conversation:
     """A LoCoMo conversation as chat messages: the first speaker is the user."""
+    return locomo_dialogue(entry)[0]
+
+
+def locomo_dialogue(entry: Mapping[str, Any]) -> tuple[Conversation, dict[str, int]]:
+    """A LoCoMo conversation as chat messages, and the message each turn (``dia_id``) became.
+
+    The first speaker is the user; a system message names the two speakers.
+    """
     sessions = entry["conversation"]
     numbers = sorted(
         int(m.group(1))
@@ -54,20 +63,23 @@ def locomo_messages(entry: Mapping[str, Any]) -> Conversation:
     )
     turns = [turn for n in numbers for turn in sessions[f"session_{n}"]]
     if not turns:
-        return []
+        return [], {}
     first = turns[0]["speaker"]
     other = next((t["speaker"] for t in turns if t["speaker"] != first), "them")
     messages: Conversation = [
         {"role": "system", "content": f"You are {other}, chatting with your friend {first}."}
     ]
+    index: dict[str, int] = {}
     for turn in turns:
         text = turn["text"]
         if turn.get("blip_caption"):
             text += f" [shares a photo: {turn['blip_caption']}]"
+        if "dia_id" in turn:
+            index[turn["dia_id"]] = len(messages)
         messages.append(
             {"role": "user" if turn["speaker"] == first else "assistant", "content": text}
         )
-    return messages
+    return messages, index
 
 
 def conversations_from(data: Any, stem: str = "conversation") -> list[NamedConversation]:
@@ -153,7 +165,7 @@ class TurnResult:
     messages_dropped: int
     clipped: int
     reason: str | None
-    # Tokens of the summary the policy forwarded (0 until summarization exists).
+    # Tokens of the summary message(s) the policy forwarded (0: none).
     summary_tokens: int
     # Leading messages shared with the previous request's forwarded list ...
     prefix_kept: int
@@ -163,15 +175,30 @@ class TurnResult:
     # what a provider's prompt cache can reuse.
     prefix_stable: bool
     error: str | None = None
+    # Summarize policies: what became of the summary (none, reused, created,
+    # fallback: the X-Context-Summary header's values) and why a fallback served.
+    summary: str | None = None
+    fallback: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def replay(conversation: Sequence[Message], decide: Decide) -> Iterator[TurnResult]:
-    """One result per user message, in order; a request that cannot fit reports its error."""
+def replay(
+    conversation: Sequence[Message],
+    decide: Decide,
+    answered: Callable[[Sequence[Message]], None] | None = None,
+) -> Iterator[TurnResult]:
+    """One result per user message, in order; a request that cannot fit reports its error.
+
+    ``answered`` is told the history after each answered request, up to the
+    next user message (a summarize policy prepares the next summary then, as
+    the proxy does once it has sent the answer).
+    """
     previous: list[Message] = []
     for turn, request in enumerate(requests(conversation), start=1):
+        if answered is not None and previous:
+            answered(request[:-1])
         try:
             decision = decide(request)
         except (ContextLengthExceeded, ContextTooLong) as exc:
@@ -183,6 +210,8 @@ def replay(conversation: Sequence[Message], decide: Decide) -> Iterator[TurnResu
         sent = decision.messages
         keep = previous[: newest_turn_start(previous)]
         summary = decision.extra.get("summary_tokens", 0)
+        outcome = decision.extra.get("summary")
+        fallback = decision.extra.get("fallback")
         yield TurnResult(
             turn=turn,
             messages_before=len(request),
@@ -197,14 +226,19 @@ def replay(conversation: Sequence[Message], decide: Decide) -> Iterator[TurnResu
             prefix_kept=common_prefix(previous, sent),
             previous_sent=len(previous),
             prefix_stable=bool(previous) and common_prefix(keep, sent) == len(keep),
+            summary=outcome.get("status") if isinstance(outcome, Mapping) else None,
+            fallback=fallback if isinstance(fallback, str) else None,
         )
         previous = sent
 
 
-COLUMNS = (
+_HEAD = (
     f"{'turn':>5} {'msgs':>5} {'sent':>5} {'tokens':>7} {'sent':>7} {'saved':>6} "
-    f"{'turns-':>6} {'clip':>4} {'summary':>7} {'prefix':>9} {'stable':>6}  reason"
+    f"{'turns-':>6} {'clip':>4} {'summary':>7} {'prefix':>9} {'stable':>6}"
 )
+COLUMNS = f"{_HEAD}  reason"
+# Summarize policies add what became of the summary (rows with ``summary`` set).
+SUMMARY_COLUMNS = f"{_HEAD} {'outcome':>8}  reason"
 
 
 def format_row(r: TurnResult) -> str:
@@ -213,10 +247,14 @@ def format_row(r: TurnResult) -> str:
     saved = 1 - r.tokens_after / r.tokens_before if r.tokens_before else 0.0
     prefix = f"{r.prefix_kept}/{r.previous_sent}" if r.previous_sent else "-"
     stable = ("yes" if r.prefix_stable else "no") if r.previous_sent else "-"
+    outcome = "" if r.summary is None else f" {r.summary:>8}"
+    reason = r.reason or ""
+    if r.fallback is not None:
+        reason = f"{reason} ({r.fallback})".lstrip()
     return (
         f"{r.turn:5d} {r.messages_before:5d} {r.messages_after:5d} {r.tokens_before:7d} "
         f"{r.tokens_after:7d} {saved:6.0%} {r.turns_dropped:6d} {r.clipped:4d} "
-        f"{r.summary_tokens:7d} {prefix:>9} {stable:>6}  {r.reason or ''}"
+        f"{r.summary_tokens:7d} {prefix:>9} {stable:>6}{outcome}  {reason}"
     ).rstrip()
 
 
@@ -228,7 +266,14 @@ def format_totals(results: Sequence[TurnResult]) -> str:
     stable = sum(r.prefix_stable for r in pairs)
     saved = f"{1 - after / before:.0%}" if before else "0%"
     stability = f"{stable}/{len(pairs)}" if pairs else "-"
-    return (
+    line = (
         f"{len(results)} turns, {len(results) - len(ok)} refused; tokens sent {after} of "
         f"{before} ({saved} saved); prefix stable on {stability} turns"
     )
+    outcomes = [r.summary for r in ok if r.summary is not None]
+    if outcomes:
+        counts = ", ".join(
+            f"{outcomes.count(name)} {name}" for name in ("created", "reused", "fallback")
+        )
+        line += f"; summary {counts}"
+    return line

@@ -23,6 +23,9 @@ os.environ.pop("OPENAI_API_KEY", None)
 from tests.fake_upstream import FakeUpstream  # noqa: E402
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
 
+# The store contract tests' fixtures: `store` (SQLite and in-memory) and `clock`.
+from tests.stores import clock, store  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def loop_thread() -> Iterator[LoopThread]:

@@ -9,6 +9,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.admin_views import summarized_positions
 from proxy.config import parse_config
 from proxy.errors import ConfigError
 from proxy.replay import load_file
@@ -22,6 +23,22 @@ LAST1 = {
     "policies": {"last1": {"strategy": "trim", "max_turns": 1}},
     "routes": [
         {"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "last1"}
+    ],
+}
+
+# Past two turns, all but the newest are summarized, offline and deterministically.
+SUMMARIZE = {
+    "policies": {
+        "fold": {
+            "strategy": "summarize",
+            "trigger": {"turns": 2},
+            "keep_last_turns": 1,
+            "prefetch": False,
+            "summarizer": {"model": "ctxproxy/extractive"},
+        }
+    },
+    "routes": [
+        {"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "fold"}
     ],
 }
 
@@ -250,3 +267,85 @@ def test_calibration_is_visible_in_the_admin_api(admin_proxy):
     assert data[0]["factor"] == 1.0
     view = get(proxy, f"/admin/sessions/{tenant_of('sk-a')}/cal", headers=AUTH).json()
     assert view["calibration"] == data
+
+
+def summarized_session(proxy: Any, session: str = "sum") -> list[dict[str, Any]]:
+    """Four requests under SUMMARIZE: the third makes a summary, the fourth reuses it."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for t in range(4):
+        messages.append({"role": "user", "content": f"Order #{4410 + t} is late. Turn {t}."})
+        reply = chat(proxy, session, messages)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        proxy.drain()
+    return messages
+
+
+def test_session_view_shows_summaries_and_what_each_request_summarized(admin_proxy):
+    proxy = admin_proxy(**SUMMARIZE)
+    summarized_session(proxy)
+    view = get(proxy, f"/admin/sessions/{tenant_of('sk-a')}/sum", headers=AUTH).json()
+    ids = [item["id"] for item in view["history"]]
+    # The summary covers turns 0 and 1 (messages 1-4), up to the reply to turn 1.
+    (summary,) = view["summaries"]
+    assert summary["covers_item_id"] == ids[4] and summary["start_unit"] == 0
+    assert summary["on_current_branch"] is True and summary["previous_summary_id"] is None
+    assert summary["model"] == "ctxproxy/extractive" and summary["prompt_hash"]
+    assert summary["text"].splitlines()[0] == "- user: Order #4410 is late."
+    assert {"kind": "id", "value": "Order #4410"} in summary["facts"]
+    assert summary["flagged"] == []
+    requests = view["requests"]
+    assert summary["used_by"] == [requests[2]["id"], requests[3]["id"]]
+    assert [r["summarized"]["status"] for r in requests] == ["none", "none", "created", "reused"]
+    for r in requests[:2]:
+        assert r["summarized"]["summary_id"] is None and r["summarized"]["item_ids"] == []
+    for r in requests[2:]:
+        used = r["summarized"]
+        assert used["summary_id"] == summary["id"]
+        assert (used["turns"], used["indexes"], used["item_ids"]) == (2, [1, 2, 3, 4], ids[1:5])
+        assert used["tokens"] > 0 and used["placement"] == "system"
+        assert r["dropped"]["reason"] == "summarized"
+    assert requests[2]["summarized"]["wait_ms"] >= 0
+    # "Why did the model forget turn 0?": it did not; request 3 summarized it.
+    by_item = {item["id"]: item for item in view["history"]}
+    assert [by_item[i]["first_summarized_by"] for i in ids[1:5]] == [requests[2]["id"]] * 4
+    assert [by_item[i]["first_summarized_by"] for i in (ids[0], *ids[5:])] == [None] * 5
+
+
+def test_export_has_a_summary_line_per_summary(admin_proxy, tmp_path):
+    proxy = admin_proxy(**SUMMARIZE)
+    messages = summarized_session(proxy, "exp-sum")
+    r = get(proxy, f"/admin/sessions/{tenant_of('sk-a')}/exp-sum/export", headers=AUTH)
+    lines = [orjson.loads(line) for line in r.content.splitlines()]
+    types = [line["type"] for line in lines]
+    assert types == ["session"] + ["item"] * 9 + ["summary"] + ["request"] * 4
+    (summary,) = [line for line in lines if line["type"] == "summary"]
+    items = [line for line in lines if line["type"] == "item"]
+    assert summary["covers_item_id"] == items[4]["id"]
+    assert summary["text"].startswith("- user: Order #4410 is late.")
+    assert summary["model"] == "ctxproxy/extractive"
+    assert {"kind": "id", "value": "Order #4410"} in summary["facts"]
+    for key in ("start_unit", "flagged", "prompt_hash", "usage", "previous_summary_id"):
+        assert key in summary, key
+    # The export still replays: summary lines are not messages.
+    path = tmp_path / "exp-sum.jsonl"
+    path.write_bytes(r.content)
+    assert [stored(m) for m in load_file(path)[0].messages] == messages
+
+
+def test_summarized_positions_leave_out_repaired_orphans_and_trimmed_opening_turns():
+    # Twelve messages: 1-2 an opening turn trimmed for the budget, 3 an orphan
+    # repaired, 4-7 summarized (covers 8), 8-11 kept.
+    row = {
+        "dropped_indexes": [1, 2, 3, 4, 5, 6, 7],
+        "dropped_item_ids": [11, 12, 13, 14, 15, 16, 17],
+        "detail": {
+            "repaired": [3],
+            "dropped_by": {"summarized": 4, "max_tokens": 2, "orphan": 1},
+            "summary": {"status": "reused", "covers": 8, "units": 2},
+        },
+    }
+    assert summarized_positions(row) == [4, 5, 6, 7]
+    no_summary = {**row, "detail": {**row["detail"], "dropped_by": {"summarized": 0}}}
+    assert summarized_positions(no_summary) == []
+    trimmed = {**row, "detail": {"repaired": [], "clipped": []}}
+    assert summarized_positions(trimmed) == []

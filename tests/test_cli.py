@@ -1,4 +1,4 @@
-"""`python -m proxy sessions ...` over the proxy's store, and `python -m proxy replay`."""
+"""`python -m proxy sessions ...` over the proxy's store (replay: tests/test_replay_cli.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,15 @@ from typing import Any
 
 import httpx
 import openai
-import orjson
 import pytest
 import yaml
 
 from proxy import cli
 from proxy.__main__ import main as proxy_main
-from proxy.replay import conversations_from, replay
-from proxy.rewriter import Rewriter
 from proxy.sessions import tenant_of
 from tests.harness import query
-from tests.shared_data import shared_file
+from tests.test_admin import SUMMARIZE, summarized_session
+from tests.test_replay_cli import write_config
 
 ADMIN_KEY = "adm-cli"
 TRIM = {
@@ -97,6 +95,37 @@ def test_sessions_show_prints_history_and_each_requests_decision(populated):
     assert shown == {**api, "calibration": []}
 
 
+def test_sessions_show_prints_each_summary_and_what_each_request_summarized(
+    start_proxy, monkeypatch
+):
+    monkeypatch.setenv("CTX_ADMIN_KEY", ADMIN_KEY)
+    proxy = start_proxy(extra={"admin": {"api_key": "os.environ/CTX_ADMIN_KEY"}}, **SUMMARIZE)
+    summarized_session(proxy, "folded")
+    db, tenant = str(proxy.config.store.path), tenant_of("sk-a")
+    api = admin(proxy, f"/admin/sessions/{tenant}/folded")
+    (summary,) = api["summaries"]
+    created, reused = (r["id"] for r in api["requests"][2:])
+    code, out, _ = run("sessions", "show", tenant, "folded", "--db", db)
+    assert code == 0
+    lines = out.splitlines()
+    at = lines.index("summaries: 1")
+    assert lines[at + 1].startswith(
+        f"  #{summary['id']} covers up to item {summary['covers_item_id']}; ctxproxy/extractive, "
+        f"prompt {summary['prompt_hash']}, "
+    )
+    assert lines[at + 2] == f"    usage: -; forwarded by: {created}, {reused}"
+    assert lines[at + 3] == "    | - user: Order #4410 is late."
+    assert "    pinned facts: id Order #4410; id Order #4411" in lines
+    tokens = api["requests"][2]["summarized"]["tokens"]
+    used = [line.strip() for line in lines if line.strip().startswith("summary ")]
+    assert used[0].startswith(f"summary created #{summary['id']}: 2 turns (4 messages) in {tokens}")
+    assert used[0].split(", waited ")[1].endswith(" ms")
+    assert used[1] == f"summary reused #{summary['id']}: 2 turns (4 messages) in {tokens} tokens"
+    assert len(used) == 2  # requests that needed no summary say nothing
+    code, out, _ = run("sessions", "show", tenant, "folded", "--db", db, "--json")
+    assert json.loads(out) == {**api, "calibration": []}
+
+
 def test_sessions_work_from_the_config_file_too(populated, tmp_path):
     _, db = populated
     config = tmp_path / "c.yaml"
@@ -147,139 +176,11 @@ def test_sessions_export_writes_the_admin_apis_json_lines(populated, tmp_path):
     assert code == 0 and out.startswith("# alpha (1/1): 3 messages")
 
 
-def write_config(tmp_path: Path) -> Path:
-    path = tmp_path / "replay.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "store": {"path": str(tmp_path / "unused.db")},
-                "upstreams": {"d": {"base_url": "http://127.0.0.1:9/v1"}},
-                "routes": [{"upstream": "d", "policy": "last1"}],
-                "policies": {
-                    "last1": {"strategy": "trim", "max_turns": 1},
-                    "fit": {"strategy": "trim", "max_tokens": 1500, "tool_output_max_tokens": 200},
-                },
-            }
-        )
-    )
-    return path
-
-
-CHAT = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "one"},
-    {"role": "assistant", "content": "1"},
-    {"role": "user", "content": "two"},
-    {"role": "assistant", "content": "2"},
-    {"role": "user", "content": "three"},
-]
-
-
-def test_replay_prints_one_row_per_turn(tmp_path):
-    chat = tmp_path / "chat.json"
-    chat.write_text(json.dumps(CHAT))
-    code, out, err = run(
-        "replay", str(chat), "--config", str(write_config(tmp_path)), "--policy", "last1"
-    )
-    assert code == 0 and err == ""
-    lines = out.splitlines()
-    assert lines[0] == "# chat (1/1): 6 messages, policy last1, model gpt-4o"
-    assert lines[1].split()[:3] == ["turn", "msgs", "sent"]
-    rows = [line.split() for line in lines[2:5]]
-    # turn, messages before, sent, ..., turns dropped, clipped, summary, prefix, stable, reason
-    assert [(r[0], r[1], r[2]) for r in rows] == [("1", "2", "2"), ("2", "4", "2"), ("3", "6", "2")]
-    assert [r[6] for r in rows] == ["0", "1", "2"]
-    assert [r[9:] for r in rows] == [
-        ["-", "-"],
-        ["1/2", "yes", "max_turns"],
-        ["1/2", "yes", "max_turns"],
-    ]
-    assert lines[5].startswith("3 turns, 0 refused; tokens sent")
-
-
-def test_replay_jsonl_matches_the_rewriters_decisions(tmp_path):
-    chat = tmp_path / "chat.json"
-    chat.write_text(json.dumps(CHAT))
-    config = write_config(tmp_path)
-    code, out, _ = run("replay", str(chat), "--config", str(config), "--policy", "last1", "--jsonl")
-    assert code == 0
-    rows = [orjson.loads(line) for line in out.splitlines()]
-    from proxy.config import load_config
-
-    rewriter = Rewriter(load_config(config).policies)
-    expected = list(replay(CHAT, lambda m: rewriter.decide("last1", m, {}, "gpt-4o")))
-    assert rows == [{"conversation": "chat", **r.as_dict()} for r in expected]
-    assert [r["tokens_after"] < r["tokens_before"] for r in rows] == [False, True, True]
-
-
-def test_replay_of_a_tau_conversation_clips_and_trims(tmp_path):
-    tau = shared_file("tau-airline-dev.json")
-    code, out, _ = run(
-        "replay",
-        str(tau),
-        "--config",
-        str(write_config(tmp_path)),
-        "--policy",
-        "fit",
-        "--index",
-        "3",
-    )
-    assert code == 0
-    task = json.loads(tau.read_text())[3]
-    assert out.startswith(f"# task {task['task_id']} (1/1): {len(task['traj'])} messages")
-    users = sum(1 for m in task["traj"] if m["role"] == "user")
-    assert f"{users} turns, 0 refused" in out
-
-
-def test_long_replays_show_progress_on_stderr(tmp_path):
-    locomo = shared_file("locomo-dev.json")
-    config = str(write_config(tmp_path))
-    code, out, err = run(
-        "replay", str(locomo), "--config", config, "--policy", "fit", "--index", "0"
-    )
-    assert code == 0
-    conversation = conversations_from(json.loads(locomo.read_text()))[0]
-    turns = sum(1 for m in conversation.messages if m["role"] == "user")
-    assert err.splitlines()[-2] == f"replaying: {turns}/{turns} turns (100%)"
-    assert err.splitlines()[-1].startswith(f"replayed {turns} turns in ")
-    assert out.count("\n") == turns + 4  # title, header, one row per turn, totals, blank
-    assert (
-        run(
-            "replay",
-            str(locomo),
-            "--config",
-            config,
-            "--policy",
-            "fit",
-            "--index",
-            "0",
-            "--no-progress",
-        )[2]
-        == ""
-    )
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--policy", "nope"], "no policy 'nope'"),
-        (["--policy", "last1", "--index", "5"], "--index must be 0..0"),
-    ],
-)
-def test_replay_refuses_bad_arguments(tmp_path, args, message):
-    chat = tmp_path / "chat.json"
-    chat.write_text(json.dumps(CHAT))
-    code, _, err = run("replay", str(chat), "--config", str(write_config(tmp_path)), *args)
-    assert code == 2 and message in err
-
-
-def test_replay_refuses_a_file_it_cannot_read(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps([{"not": "a message"}]))
-    code, _, err = run(
-        "replay", str(bad), "--config", str(write_config(tmp_path)), "--policy", "last1"
-    )
-    assert code == 2 and "cannot replay" in err
+def test_sessions_show_says_why_a_request_fell_back():
+    used = {"status": "fallback", "summary_id": None, "turns": None, "wait_ms": 2000.0}
+    request = {"summarized": {**used, "indexes": []}, "fallback": "summarizer_timeout"}
+    assert cli.summary_use(request) == "summary fallback (summarizer_timeout), waited 2000.0 ms"
+    assert cli.summary_use({"summarized": None, "fallback": None}) == ""
 
 
 def test_python_dash_m_proxy_dispatches_to_the_cli(populated, capsys):

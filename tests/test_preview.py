@@ -229,6 +229,65 @@ def test_preview_of_a_responses_body_is_the_input_the_upstream_then_receives(
         server.stop()
 
 
+MODE_ROUTES = [
+    {
+        "match": {"path": "/v1/chat/completions"},
+        "upstream": "default",
+        "policy": "last2",
+        "modes": {"header": True, "rules": [{"match": r"(?i)order\s*#?\d+", "mode": "full"}]},
+    }
+]
+
+
+def test_preview_reports_the_policy_and_mode_a_mode_switched_to(fake, start_proxy):
+    upstream, _ = fake
+    proxy = start_proxy(policies=POLICIES, routes=MODE_ROUTES)
+    plain = long_chat(4)
+    by_rule = [*plain[:-1], {"role": "user", "content": "Where is order #4412?"}]
+    cases = [
+        # (messages, request headers, policy and mode applied, messages forwarded):
+        # last2 keeps the system message and two turns; the modes all of them.
+        (plain, {}, "last2", None, 4),
+        (plain, {"X-Context-Mode": "full"}, "full", "full", 10),
+        (by_rule, {}, "full", "full", 10),
+        (by_rule, {"X-Context-Mode": "balanced"}, "balanced", "balanced", 10),
+    ]
+    for n, (messages, extra, policy, mode, forwarded) in enumerate(cases):
+        headers = {"X-Session-Id": f"mode-{n}", **extra}
+        body = {"model": "gpt-4o", "messages": messages}
+        shown = preview(proxy, body, headers)
+        assert shown.status_code == 200, shown.text
+        result = shown.json()
+        assert (result["policy"], result["mode"]) == (policy, mode), n
+        real = send(proxy, body, headers)
+        assert real.status_code == 200
+        assert real.headers["x-context-policy"] == shown.headers["x-context-policy"] == policy
+        assert real.headers.get("x-context-mode") == shown.headers.get("x-context-mode") == mode
+        assert upstream.received[-1].json["messages"] == result["messages"], n
+        assert len(result["messages"]) == forwarded, n
+        summarizes = mode is not None
+        assert (result["summary"] is not None) == summarizes
+        if summarizes:
+            assert result["summary"] == {"status": "none", "fallback": None}
+            assert real.headers["x-context-summary"] == "none"
+
+
+def test_preview_says_when_the_real_request_would_make_a_summary(fake, start_proxy):
+    upstream, _ = fake
+    proxy = start_proxy(policies=POLICIES, routes=MODE_ROUTES)
+    body = {"model": "gpt-4o", "messages": long_chat(6, words=3)}
+    headers = {"X-Session-Id": "needs", "X-Context-Mode": "concise"}
+    shown = preview(proxy, body, headers)
+    result = shown.json()
+    assert (result["policy"], result["mode"]) == ("concise", "concise")
+    assert result["summary"] == {"status": "needed", "fallback": None}
+    assert shown.headers["x-context-summary"] == "needed"
+    assert result["decision"]["extra"]["summary_needed"] is True
+    assert upstream.summarizer_requests == []  # a preview makes no summary
+    real = send(proxy, body, headers)
+    assert real.headers["x-context-summary"] == "created"
+
+
 _texts = st.text(alphabet="abcdefgh ", min_size=1, max_size=120)
 
 

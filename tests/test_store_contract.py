@@ -3,58 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
-from proxy.store.memory import MemoryStore
-from proxy.store.sqlite import SqliteStore
+from tests.stores import ALICE, BACKENDS, make_store, msg
 
-BACKENDS = ["sqlite", "memory"]
-ALICE = SessionRef("tenant-a", "chat-1")
 _ids = itertools.count()
-
-
-def make_store(backend: str, directory: Path) -> Store:
-    # A nested directory: the SQLite store must create it.
-    return SqliteStore(directory / "db" / "store.sqlite") if backend == "sqlite" else MemoryStore()
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s = make_store(request.param, tmp_path)
-    await s.open()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
-    """Pin time.time() so ordering and expiry tests do not depend on clock resolution."""
-    now = [1_000.0]
-    monkeypatch.setattr(time, "time", lambda: now[0])
-
-    def set_time(value: float) -> None:
-        now[0] = value
-
-    return set_time
-
-
-def msg(role: str, content: str, tokens: int | None = 3, status: str = "complete") -> MessageIn:
-    message = {"role": role, "content": content}
-    digest = hashlib.sha256(orjson.dumps(message)).hexdigest()
-    return MessageIn(message, digest, role, tokens, status)
 
 
 def req(**fields: Any) -> RequestRecord:

@@ -2,55 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import orjson
 import pytest
 
 from proxy.store.base import (
-    MessageIn,
     RequestRecord,
     SessionRef,
     Store,
     SummaryIn,
     chain_path_hashes,
 )
-from proxy.store.memory import MemoryStore
-from proxy.store.sqlite import SqliteStore
+from tests.stores import ALICE, msg
 
-ALICE = SessionRef("tenant-a", "chat-1")
 _ids = itertools.count()
-
-
-@pytest.fixture(params=["sqlite", "memory"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s: Store = (
-        SqliteStore(tmp_path / "store.sqlite") if request.param == "sqlite" else MemoryStore()
-    )
-    await s.open()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
-    now = [1_000.0]
-    monkeypatch.setattr(time, "time", lambda: now[0])
-
-    def set_time(value: float) -> None:
-        now[0] = value
-
-    return set_time
-
-
-def msg(role: str, content: str) -> MessageIn:
-    message = {"role": role, "content": content}
-    return MessageIn(message, hashlib.sha256(orjson.dumps(message)).hexdigest(), role, 3)
 
 
 def req(**fields: Any) -> RequestRecord:
