@@ -7,6 +7,8 @@ Also `python -m proxy sessions list|show|delete|export ...` and
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -44,10 +46,23 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
     from proxy.logging import configure_logging
 
     configure_logging(config.logging.level, config.logging.format)
+    app = create_app(config)
+    # What is built by now lives as long as the process: move it out of the
+    # collector's sight, and collect less often. Each full collection would
+    # otherwise pause the event loop for 10 ms or more (litellm alone brings
+    # hundreds of thousands of objects). Here, not in create_app: a process
+    # that builds many apps (the tests) must not freeze each one's garbage.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(7000, 10, 10)
     uvicorn.run(
-        create_app(config),
+        app,
         host=host or config.server.host,
         port=port or config.server.port,
+        # The fast event loop and HTTP parser, named: "auto" would fall back to
+        # the slow ones silently. uvloop is not installed on Windows.
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools",
         log_level="warning",
         access_log=False,
         server_header=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Coroutine
 from typing import Any
 
@@ -13,20 +14,25 @@ log = get_logger()
 
 class Background:
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
         # A task of its own, outside the request's cancel scope: a client that
         # goes away must not cancel the write that records what happened.
         task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
+        self.track(task, name=name)
         return task
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background_task_failed", task=task.get_name(), error=repr(task.exception()))
+    def track(self, future: asyncio.Future[Any], *, name: str) -> None:
+        """Work already under way elsewhere (a task, a store's queued write): awaited
+        by ``drain`` and its failure logged, like a spawned task's."""
+        self._tasks.add(future)
+        future.add_done_callback(functools.partial(self._done, name))
+
+    def _done(self, name: str, future: asyncio.Future[Any]) -> None:
+        self._tasks.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("background_task_failed", task=name, error=repr(future.exception()))
 
     @property
     def pending(self) -> int:

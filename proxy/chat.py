@@ -7,6 +7,8 @@ neither the client's latency nor a client disconnect affects what is recorded.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import os
 import time
@@ -74,7 +76,11 @@ class ChatExchange:
         self.request = request
         self.id = f"{_ID_PREFIX}{next(_ID_COUNTER):010x}"
         self.started = time.perf_counter()
-        self.tenant = tenant_of(bearer_token(request.headers))
+        # Decoded once: Starlette's Headers decodes and scans the raw list on every get.
+        self.header_items = request.headers.items()
+        # Lower-case names; the first of repeated headers wins, as with Headers.get.
+        self.headers: dict[str, str] = dict(reversed(self.header_items))
+        self.tenant = tenant_of(bearer_token(self.headers))
         self.route: RouteConfig | None = None
         self.ref: SessionRef | None = None
         self.key: str | None = None
@@ -87,6 +93,8 @@ class ChatExchange:
         self.policy_s: float | None = None
         self.raw = b""
         self.hashes: list[str] | None = None
+        # The conversation as the store takes it (sessions only): hashes and token counts.
+        self.stored: list[MessageIn] | None = None
         # The policy applied (a context mode may replace the route's), the mode,
         # and what became of the summary (summarize policies only).
         self.policy: str | None = None
@@ -126,8 +134,8 @@ class ChatExchange:
             raise InvalidRequest("'model' is required and must be a string.", param="model")
         self.model = model
         self.stream = body.get("stream") is True
-        self.route = rt.router.match(self.endpoint, model, self.request.headers)
-        self.key = session_key(rt.config.session, self.request.headers, body)
+        self.route = rt.router.match(self.endpoint, model, self.headers)
+        self.key = session_key(rt.config.session, self.headers, body)
         self.ref = session_ref(self.tenant, self.key)
 
         self.conversation = messages
@@ -141,9 +149,14 @@ class ChatExchange:
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
             self.conversation = [item.message for item in stored] + messages
 
-        # Hashed once: the store's identity for each message, and the token cache's key.
-        self.hashes = [content_hash(m) for m in self.conversation] if self.ref else None
-        choice = choose_mode(self.route, self.conversation, self.request.headers)
+        counts: list[int] | None = None
+        if self.ref is not None:
+            # Each message's identity in the store (and the token cache's key) and
+            # its token count; what the session sent before is not done again.
+            self.stored = rt.messages.messages(self.ref, self.conversation, counter_for(model))
+            self.hashes = [m.content_hash for m in self.stored]
+            counts = [m.token_count or 0 for m in self.stored]
+        choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
         spec = rt.rewriter.spec(self.policy)
         started = time.perf_counter()
@@ -157,12 +170,12 @@ class ChatExchange:
                 hashes=self.hashes,
                 body=body,
                 model=model,
-                headers=self.request.headers,
+                headers=self.headers,
                 dry_run=not lock,
             )
         else:
             self.decision = rt.rewriter.decide(
-                self.policy, self.conversation, body, model, self.hashes
+                self.policy, self.conversation, body, model, self.hashes, counts=counts
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
@@ -180,7 +193,7 @@ class ChatExchange:
                 method="POST",
                 path="/chat/completions",
                 headers=forward_headers(
-                    self.request.headers.items(), upstream_config, rt.config.session.header
+                    self.header_items, upstream_config, rt.config.session.header
                 ),
                 body=forwarded,
                 json=None
@@ -307,22 +320,29 @@ class ChatExchange:
             return
         ok = not failed and upstream_status == 200
         conversation = self._stored_conversation() if ok else []
-        reply_in = (
-            MessageIn(
+        reply_in: MessageIn | None = None
+        if ok and reply is not None:
+            key = content_hash(reply)
+            reply_in = MessageIn(
                 message=reply,
-                content_hash=content_hash(reply),
+                content_hash=key,
                 role="assistant",
-                token_count=counter_for(self.model or "").count_message(reply),
+                token_count=counter_for(self.model or "").count_message(reply, key),
                 status="incomplete" if incomplete else "complete",
             )
-            if ok and reply is not None
-            else None
-        )
         if reply_in is not None and not incomplete and self.summary_ctx is not None:
             # After the answer: the summary the next request will need, made now.
             self.rt.summaries.prefetch_after(
                 self.summary_ctx, reply_in.message, reply_in.content_hash
             )
+        record_soon = getattr(self.rt.store, "record_exchange_soon", None)
+        if record_soon is not None and upstream is None:
+            # The store queues the write now (SqliteStore): no task or coroutine
+            # per request, only the write's future.
+            future = record_soon(self.ref, conversation, reply_in, record)
+            future.add_done_callback(functools.partial(self._written, time.perf_counter()))
+            self.rt.background.track(future, name=f"store-{self.id}")
+            return
         self.rt.background.spawn(
             self._write(self.ref, conversation, reply_in, record, upstream),
             name=f"store-{self.id}",
@@ -345,19 +365,19 @@ class ChatExchange:
         finally:
             self._unlock()
 
+    def _written(self, started: float, future: asyncio.Future[Any]) -> None:
+        """``_write``'s ending, for a write the store queued itself."""
+        if not future.cancelled() and future.exception() is None:
+            self.rt.metrics.store_seconds.observe(("write",), time.perf_counter() - started)
+        self._unlock()
+
     def _unlock(self) -> None:
         if self.locked and self.ref is not None:
             self.locked = False
             self.rt.locks.release(self.ref)
 
     def _stored_conversation(self) -> list[MessageIn]:
-        if self.ref is None or self.hashes is None:
-            return []
-        count = counter_for(self.model or "").count_message
-        return [
-            MessageIn(message=m, content_hash=h, role=str(m["role"]), token_count=count(m, h))
-            for m, h in zip(self.conversation, self.hashes, strict=True)
-        ]
+        return self.stored if self.ref is not None and self.stored is not None else []
 
     def _record(
         self,

@@ -24,6 +24,13 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
     return event
 
 
+def _shared_logger(logger: structlog.PrintLogger) -> Any:
+    def factory(*args: Any) -> structlog.PrintLogger:
+        return logger
+
+    return factory
+
+
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     json_output = fmt == "json" or (fmt == "auto" and not sys.stdout.isatty())
     renderer: Any = (
@@ -42,7 +49,9 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        # One shared PrintLogger: the factory runs on every log call (loggers are not
+        # cached, so tests can capture them), and building one each time is waste.
+        logger_factory=_shared_logger(structlog.PrintLogger(file=sys.stdout)),
         cache_logger_on_first_use=False,
     )
 

@@ -60,16 +60,20 @@ class Rewriter:
         body: Mapping[str, Any],
         model: str,
         keys: Sequence[str] | None = None,
+        *,
+        counts: Sequence[int] | None = None,
     ) -> Decision:
         """The policy's decision for one request.
 
         ``keys``: content hashes of ``messages`` when the caller has them
-        (sessions do), so token counts are looked up without hashing again.
+        (sessions do), so token counts are looked up without hashing again;
+        ``counts``: the counts themselves, when the caller has those too.
         """
         spec = self._policies[policy]
         budget, factor = self.budget(spec, body, model)
+        count = self.counter(messages, model, keys, counts)
         try:
-            decision = apply(messages, spec, self.counter(messages, model, keys), budget)
+            decision = apply(messages, spec, count, budget)
         except ContextTooLong as exc:
             raise ContextLengthExceeded(
                 f"{exc} Shorten the newest turn or raise the policy's budget.",
@@ -102,10 +106,23 @@ class Rewriter:
 
     @staticmethod
     def counter(
-        messages: Sequence[Message], model: str, keys: Sequence[str] | None = None
+        messages: Sequence[Message],
+        model: str,
+        keys: Sequence[str] | None = None,
+        counts: Sequence[int] | None = None,
     ) -> CountFn:
-        """Token counts for ``messages`` (by their content hashes when given) and any other."""
+        """Token counts for ``messages`` (by their content hashes, or as ``counts``, when
+        given) and for any other message."""
         counter = counter_for(model)
+        if counts is not None:
+            known = {id(m): n for m, n in zip(messages, counts, strict=True)}
+
+            def counted(message: Message) -> int:
+                n = known.get(id(message))
+                # Messages the policy made itself (clipped copies, summaries) are counted now.
+                return counter.count_message(message) if n is None else n
+
+            return counted
         by_id = {} if keys is None else {id(m): k for m, k in zip(messages, keys, strict=True)}
 
         def count(message: Message) -> int:

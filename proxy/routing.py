@@ -2,30 +2,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from fnmatch import fnmatchcase
+import re
+from collections.abc import Callable, Mapping
+from fnmatch import translate
 
 from proxy.config import Config, RouteConfig
 from proxy.errors import NotFound
 
+# A compiled glob: fnmatchcase's semantics, without its per-call cache lookup.
+Glob = Callable[[str], object]
+
+
+def _glob(pattern: str) -> Glob:
+    return re.compile(translate(pattern)).match
+
+
+class _Compiled:
+    """One route's match globs, compiled once per config."""
+
+    def __init__(self, route: RouteConfig) -> None:
+        self.route = route
+        self.path = _glob(route.match.path)
+        self.model = None if route.match.model is None else _glob(route.match.model)
+        self.headers = [(n.lower(), _glob(p)) for n, p in route.match.headers.items()]
+
 
 class Router:
     def __init__(self, config: Config) -> None:
-        self._routes = config.routes
+        self._routes = [_Compiled(route) for route in config.routes]
 
     def match(self, path: str, model: str | None, headers: Mapping[str, str]) -> RouteConfig:
-        for route in self._routes:
-            m = route.match
-            if not fnmatchcase(path, m.path):
+        for r in self._routes:
+            if r.path(path) is None:
                 continue
-            if m.model is not None and (model is None or not fnmatchcase(model, m.model)):
+            if r.model is not None and (model is None or r.model(model) is None):
                 continue
-            if any(
-                not fnmatchcase(headers.get(name.lower(), ""), pattern)
-                for name, pattern in m.headers.items()
-            ):
+            if any(glob(headers.get(name, "")) is None for name, glob in r.headers):
                 continue
-            return route
+            return r.route
         raise NotFound(
             f"No route is configured for {path} with model {model!r}.",
             param="model",
@@ -34,7 +48,7 @@ class Router:
 
     def for_path(self, path: str) -> RouteConfig | None:
         """The first route whose path matches, whatever its model (for GET endpoints)."""
-        for route in self._routes:
-            if fnmatchcase(path, route.match.path):
-                return route
+        for r in self._routes:
+            if r.path(path) is not None:
+                return r.route
         return None

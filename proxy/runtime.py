@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 
 from proxy.background import Background
 from proxy.calibration import Calibration
 from proxy.config import Config, UpstreamConfig
+from proxy.message_cache import MessageCache
 from proxy.metrics import Metrics
 from proxy.rewriter import Rewriter
 from proxy.routing import Router
@@ -48,6 +48,8 @@ class Runtime:
     background: Background = field(default_factory=Background)
     metrics: Metrics = field(default_factory=Metrics)
     calibration: Calibration = field(default_factory=Calibration)
+    # Each session's last messages, hashed and counted (a resent history is not done again).
+    messages: MessageCache = field(default_factory=MessageCache)
     # Summaries made, awaited and prefetched; shared by every pinned view.
     summaries: SummaryService = field(init=False)
     # Bumped by every reload. A pinned view keeps the generation it was made in.
@@ -73,7 +75,9 @@ class Runtime:
         matched may name a policy or upstream the new config no longer has).
         Call ``release`` on the view when the request no longer needs them.
         """
-        view = copy.copy(self)
+        # A shallow copy, without copy.copy's generic (and slower) protocol.
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
         view._pinned = True
         self._inflight[self.generation] = self._inflight.get(self.generation, 0) + 1
         return view

@@ -8,6 +8,7 @@ see only committed data, so they never observe half an exchange.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sqlite3
 import time
@@ -34,6 +35,7 @@ from proxy.store.base import (
     dropped_item_ids,
     request_row,
 )
+from proxy.store.chains import ChainCache, Prefix
 from proxy.store.migrations import migrate
 from proxy.store.writer import SqliteWriter
 
@@ -114,6 +116,7 @@ class SqliteStore:
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
         self.path = Path(path)
+        self._chains = ChainCache()
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: aiosqlite.Connection | None = None
         self._writer: SqliteWriter | None = None
@@ -151,10 +154,19 @@ class SqliteStore:
             raise RuntimeError("SqliteStore is not open")
         return self._db
 
-    def _write(self, job: Callable[[sqlite3.Connection], _T]) -> Awaitable[_T]:
+    def _write(
+        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True
+    ) -> Awaitable[_T]:
+        return self._enqueue(job, inline=inline)
+
+    def _enqueue(
+        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True
+    ) -> asyncio.Future[_T]:
         if self._writer is None:
-            raise RuntimeError("SqliteStore is not open")
-        return self._writer.submit(job)
+            future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+            future.set_exception(RuntimeError("SqliteStore is not open"))
+            return future
+        return self._writer.enqueue(job, inline=inline)
 
     async def record_exchange(
         self,
@@ -169,9 +181,51 @@ class SqliteStore:
         untouched, head and ``updated_at`` included; it returns the session id
         if the session exists and None otherwise.
         """
-        return await self._write(
-            functools.partial(_record, session, list(conversation), reply, request)
+        return await self.record_exchange_soon(session, conversation, reply, request)
+
+    def record_exchange_soon(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> asyncio.Future[ExchangeResult | None]:
+        """``record_exchange``, queued now; the future has its result once committed.
+
+        For the request path: no coroutine or task per exchange, only the
+        job and its future.
+        """
+        conversation = list(conversation)
+        if session is None or (not conversation and reply is None):
+            return self._enqueue(
+                functools.partial(_record, session, conversation, reply, request, None)
+            )
+        content = [m.content_hash for m in conversation]
+        if reply is not None:
+            content.append(reply.content_hash)
+        # The session's resent prefix: path hashes and item ids from its last stored chain.
+        prefix = self._chains.prefix(session, content)
+        future = self._enqueue(
+            functools.partial(_record, session, conversation, reply, request, prefix)
         )
+        future.add_done_callback(
+            functools.partial(self._chain_committed, session, content, prefix.path_hashes)
+        )
+        return future
+
+    def _chain_committed(
+        self,
+        session: SessionRef,
+        content: list[str],
+        paths: list[str],
+        future: asyncio.Future[ExchangeResult | None],
+    ) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        result = future.result()
+        if result is not None:
+            ids = [*result.item_ids, *([] if result.reply_id is None else [result.reply_id])]
+            self._chains.committed(session, result.session_id, content, paths, ids)
 
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
         return list(await self._conn.execute_fetchall(query, params))
@@ -210,6 +264,7 @@ class SqliteStore:
         """
         requests = "DELETE FROM requests WHERE tenant = ? AND session_key = ?"
         sessions = "DELETE FROM sessions WHERE tenant = ? AND key = ? RETURNING id"
+        self._chains.forget(session)
         return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
 
     async def delete_idle_sessions(self, older_than: float) -> int:
@@ -223,7 +278,9 @@ class SqliteStore:
         return len(await self._delete(requests, sessions, (older_than,)))
 
     async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
-        return await self._write(functools.partial(_delete_rows, requests, sessions, params))
+        # Whole sessions (maybe thousands of rows): on the writer's thread, not the loop.
+        job = functools.partial(_delete_rows, requests, sessions, params)
+        return await self._write(job, inline=False)
 
     # -- Responses API ----------------------------------------------------------
 
@@ -318,20 +375,23 @@ def _record(
     conversation: Sequence[MessageIn],
     reply: MessageIn | None,
     request: RequestRecord,
+    prefix: Prefix | None,
     conn: sqlite3.Connection,
 ) -> ExchangeResult | None:
     now = time.time()
     created_at = request.created_at or now
-    if session is None or (not conversation and reply is None):
+    if session is None or prefix is None:
         session_id = None if session is None else _session_id(conn, session)
         _insert_request(conn, request, session_id, created_at, session=session)
         return None if session_id is None else ExchangeResult(session_id, [], None, 0)
 
     chain = [*conversation, *([reply] if reply is not None else [])]
-    hashes = chain_path_hashes([m.content_hash for m in chain])
-    session_id = _upsert_session(conn, session, now)
-    ids, missing = _store_chain(conn, session_id, chain, hashes, now)
-    conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
+    session_id, head = _touch_session(conn, session, now)
+    # Cached ids hold only if the session is the one they were stored in.
+    known = prefix.known_ids if session_id == prefix.session_id else ()
+    ids, missing = _store_chain(conn, session_id, chain, prefix.path_hashes, now, known_ids=known)
+    if ids[-1] != head:
+        conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
     item_ids = ids[: len(conversation)]
     reply_id = ids[-1] if reply is not None else None
     _insert_request(
@@ -346,6 +406,24 @@ def _session_id(conn: sqlite3.Connection, session: SessionRef) -> int | None:
         "SELECT id FROM sessions WHERE tenant = ? AND key = ?", (session.tenant, session.key)
     ).fetchone()
     return None if row is None else int(row[0])
+
+
+def _touch_session(
+    conn: sqlite3.Connection, session: SessionRef, now: float
+) -> tuple[int, int | None]:
+    """The session's id and head, made if new, its ``updated_at`` now.
+
+    What ``_upsert_session`` does, a third cheaper for a session that exists
+    (the common case): one indexed update instead of a failed insert and an update.
+    """
+    row = conn.execute(
+        "UPDATE sessions SET updated_at = ? WHERE tenant = ? AND key = ?"
+        " RETURNING id, head_item_id",
+        (now, session.tenant, session.key),
+    ).fetchone()
+    if row is not None:
+        return int(row[0]), row[1]
+    return _upsert_session(conn, session, now), None
 
 
 def _upsert_session(conn: sqlite3.Connection, session: SessionRef, now: float) -> int:
@@ -366,11 +444,18 @@ def _store_chain(
     chain: Sequence[MessageIn],
     hashes: Sequence[str],
     now: float,
+    *,
+    known_ids: Sequence[int] = (),
 ) -> tuple[list[int], list[int]]:
-    """Item ids for the whole chain, inserting what is missing; and the missing positions."""
-    # One lookup for the whole chain: a resent history is mostly known.
-    known = _select_ids(conn, session_id, hashes)
-    missing = [i for i, h in enumerate(hashes) if h not in known]
+    """Item ids for the whole chain, inserting what is missing; and the missing positions.
+
+    ``known_ids``: the ids of the chain's first items, known to be stored in
+    this session (they need no lookup).
+    """
+    shared = len(known_ids)
+    # One lookup for the rest of the chain: a resent history is mostly known.
+    found = _select_ids(conn, session_id, hashes[shared:]) if shared < len(hashes) else {}
+    missing = [i for i in range(shared, len(hashes)) if hashes[i] not in found]
     if missing:
         # In chain order, so each parent exists by the time its child is inserted.
         rows = [
@@ -389,8 +474,8 @@ def _store_chain(
             for i in missing
         ]
         conn.executemany(_INSERT_ITEM, rows)
-        known.update(_select_ids(conn, session_id, [hashes[i] for i in missing]))
-    return [known[h] for h in hashes], missing
+        found.update(_select_ids(conn, session_id, [hashes[i] for i in missing]))
+    return [*known_ids, *(found[h] for h in hashes[shared:])], missing
 
 
 def _select_ids(conn: sqlite3.Connection, session_id: int, hashes: Sequence[str]) -> dict[str, int]:
@@ -432,14 +517,19 @@ def _insert_request(
     row["detail_json"] = _dumps(detail)
     row["dropped_indexes"] = _dumps(row["dropped_indexes"])
     row["dropped_item_ids"] = _dumps(row["dropped_item_ids"])
-    columns = ", ".join(row)
-    marks = ", ".join(f":{name}" for name in row)
     try:
-        conn.execute(f"INSERT INTO requests ({columns}) VALUES ({marks})", row)
+        # Positional parameters: binding 31 of them by name costs a third more.
+        conn.execute(_insert_request_sql(tuple(row)), tuple(row.values()))
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
             raise ValueError(f"request id already stored: {request.id!r}") from exc
         raise
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_request_sql(columns: tuple[str, ...]) -> str:
+    marks = ", ".join("?" * len(columns))
+    return f"INSERT INTO requests ({', '.join(columns)}) VALUES ({marks})"
 
 
 def _delete_rows(

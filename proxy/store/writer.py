@@ -1,11 +1,26 @@
-"""The SQLite writer: one connection on one thread, many jobs per transaction (group commit).
+"""The SQLite writer: group commit on the event loop's thread; a helper thread for the rest.
 
 Every write of the store is a *job*: a plain function over a ``sqlite3``
 connection. Jobs queue up while the previous transaction runs; the writer
-then runs all of them in one transaction with one hop to its thread, each job
-inside its own SAVEPOINT, so one failing job rolls back only itself. Under
-load this turns a dozen thread hops and a commit per request into one hop and
-one commit per batch; a lone request pays one hop and one commit.
+then runs all of them in one transaction, each inside its own SAVEPOINT, so
+one failing job rolls back only itself.
+
+Where they run: on the event loop's own thread. A request's job is a few
+tens of microseconds of SQLite plus its share of a commit (no fsync: WAL
+with ``synchronous = NORMAL``). Handing it to a thread cost more: each
+``sqlite3`` call releases and retakes the GIL, and each retake waits for the
+busy event loop; a writer thread preempted while holding the GIL stalled the
+loop for a scheduler tick (the 4-5 ms p99 at concurrency 1); and under
+sustained load the thread fell behind, so unwritten exchanges piled up and
+made every full garbage collection slower.
+
+What must not block the loop goes to a helper thread with its own connection:
+
+- a batch that finds the database locked by another process (the loop's
+  connection never waits for a lock; the helper's waits up to the busy timeout),
+- jobs submitted with ``inline=False`` (deleting whole sessions),
+- WAL checkpoints (the loop's connection never checkpoints: a checkpoint
+  copies pages into the database file and fsyncs it).
 
 Reads stay on the store's aiosqlite connection: in WAL mode they never wait
 for this writer, and they see only committed transactions.
@@ -15,20 +30,33 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from proxy.logging import get_logger
+
+log = get_logger()
+
 _T = TypeVar("_T")
 
 Job = Callable[[sqlite3.Connection], Any]
+# A job's outcome: (True, its result) or (False, the exception it raised).
+Outcome = tuple[bool, Any]
 
 # Group commit under load: a batch that starts within _BUSY_S of the previous
 # one waits _LINGER_S for company, unless _BATCH_TARGET jobs are queued already.
 _LINGER_S = 0.002
 _BUSY_S = 0.010
 _BATCH_TARGET = 16
+# At most this many jobs per transaction on the loop, so one batch never holds
+# the loop for long (a few milliseconds at most).
+_MAX_BATCH = 64
+# A checkpoint (on the helper thread, between two batches) after this many
+# commits: SQLite's own default is every 1000 WAL pages, and a commit writes a
+# handful of pages.
+_CHECKPOINT_COMMITS = 200
 
 
 class SqliteWriter:
@@ -36,13 +64,29 @@ class SqliteWriter:
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxproxy-writer")
+        # The loop's connection: no busy timeout, no automatic checkpoints.
         self._conn: sqlite3.Connection | None = None
-        self._queue: list[tuple[Job, asyncio.Future[Any]]] = []
+        # The helper thread's connection: waits for locks, checkpoints.
+        self._helper: sqlite3.Connection | None = None
+        self._queue: list[tuple[Job, asyncio.Future[Any], bool]] = []
         self._task: asyncio.Task[None] | None = None
         self._last_batch = float("-inf")
+        self._commits = 0
+        # The loop the store was opened on (asyncio.get_running_loop() costs a
+        # getpid() syscall per call on Python 3.11).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self) -> None:
-        self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
+        self._loop = loop = asyncio.get_running_loop()
+        # Both connected on the helper thread, waiting for locks as configured
+        # (setting WAL mode may have to, when another process is writing)...
+        self._helper = await loop.run_in_executor(self._executor, self._connect)
+        conn = await loop.run_in_executor(self._executor, self._connect)
+        # ...then the loop's connection never waits for a lock (a batch that
+        # would is handed to the helper) and never checkpoints.
+        conn.execute("PRAGMA busy_timeout = 0")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        self._conn = conn
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: no implicit transactions; the writer issues BEGIN itself.
@@ -56,24 +100,40 @@ class SqliteWriter:
     async def close(self) -> None:
         while self._task is not None:
             await asyncio.shield(self._task)
+        loop = asyncio.get_running_loop()
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+            conn.close()
+        if self._helper is not None:
+            helper, self._helper = self._helper, None
+            await loop.run_in_executor(self._executor, helper.close)
         self._executor.shutdown(wait=True)
 
-    async def submit(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``job`` in a transaction; it finishes even if the caller is cancelled.
+    def enqueue(
+        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True
+    ) -> asyncio.Future[_T]:
+        """Queue ``job``; the future gets its result once its transaction has committed.
 
-        A client that went away still wants its exchange kept, and a job cut
-        off midway would leave nothing consistent behind anyway.
+        Never raises: a store that is not open fails the future. The job runs
+        whatever becomes of the future (a caller that went away still wants
+        its exchange kept, and a job cut off midway would leave nothing
+        consistent behind anyway). ``inline``: False for jobs that may take
+        long (deleting whole sessions), which run on the helper thread; jobs
+        still run in the order queued.
         """
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
         if self._conn is None:
-            raise RuntimeError("SqliteStore is not open")
-        future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
-        self._queue.append((job, future))
+            future.set_exception(RuntimeError("SqliteStore is not open"))
+            return future
+        self._queue.append((job, future, inline))
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        return await asyncio.shield(future)
+            self._task = loop.create_task(self._run())
+        return future
+
+    async def submit(self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True) -> _T:
+        """Run ``job`` in a transaction (see ``enqueue``), even if the caller is cancelled."""
+        return await self.enqueue(job, inline=inline)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -83,38 +143,97 @@ class SqliteWriter:
             await asyncio.sleep(0)
             if loop.time() - self._last_batch < _BUSY_S and len(self._queue) < _BATCH_TARGET:
                 # Busy (the previous batch began moments ago): linger briefly so
-                # several requests share one hop to the writer thread and one
-                # commit. Each hop wakes a thread that must take the GIL from
-                # the event loop, which costs more than the write itself. An
-                # idle proxy's lone request is written at once.
+                # several requests share one commit. An idle proxy's lone
+                # request is written at once.
                 await asyncio.sleep(_LINGER_S)
             while self._queue:
                 self._last_batch = loop.time()
-                batch, self._queue = self._queue, []
-                outcomes = await loop.run_in_executor(
-                    self._executor, self._commit, [job for job, _ in batch]
-                )
-                for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-                    if future.done():
-                        continue
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
+                batch = self._take()
+                jobs = [job for job, _, _ in batch]
+                outcomes = self._commit(self._conn, jobs, fallback=True) if batch[0][2] else None
+                if outcomes is None:
+                    # Locked by another process, or a long job: wait on the helper thread.
+                    outcomes = await loop.run_in_executor(
+                        self._executor, self._commit_waiting, jobs
+                    )
+                self._settle(batch, outcomes)
+                self._commits += 1
+                if self._commits >= _CHECKPOINT_COMMITS:
+                    self._commits = 0
+                    await self._checkpoint(loop)
+                if self._queue:
+                    # Let responses and reads through between two batches.
+                    await asyncio.sleep(0)
         finally:
             self._task = None
 
-    def _commit(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
-        """In the writer thread: all jobs in one transaction, each in its own savepoint."""
-        conn = self._conn
+    def _take(self) -> list[tuple[Job, asyncio.Future[Any], bool]]:
+        """The next batch: queued jobs of the same kind (inline or not), in order."""
+        inline = self._queue[0][2]
+        end = 1
+        while end < len(self._queue) and end < _MAX_BATCH and self._queue[end][2] == inline:
+            end += 1
+        batch, self._queue = self._queue[:end], self._queue[end:]
+        return batch
+
+    def _settle(
+        self, batch: Sequence[tuple[Job, asyncio.Future[Any], bool]], outcomes: list[Outcome]
+    ) -> None:
+        for (_, future, _), (ok, value) in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    async def _checkpoint(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Copy the WAL into the database file, on the helper thread, between two batches.
+
+        Between batches, not beside them: a checkpoint racing the loop's
+        commits never finds the WAL wholly copied, so it would never restart
+        and would grow without end. Queued writes wait meanwhile; the loop
+        does not. PASSIVE: it never waits for a reader (what a reader still
+        needs is copied next time).
+        """
+        try:
+            await loop.run_in_executor(self._executor, self._checkpoint_wal)
+        except sqlite3.Error as exc:  # a later checkpoint (or the last close) copies it
+            log.warning("wal_checkpoint_failed", error=repr(exc))
+
+    def _checkpoint_wal(self) -> None:
+        if self._helper is not None:
+            self._helper.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _commit_waiting(self, jobs: list[Job]) -> list[Outcome]:
+        """In the helper thread: the jobs on its connection, which waits for locks."""
+        outcomes = self._commit(self._helper, jobs)
+        assert outcomes is not None  # only a fallback commit gives up
+        return outcomes
+
+    @staticmethod
+    def _commit(
+        conn: sqlite3.Connection | None, jobs: list[Job], *, fallback: bool = False
+    ) -> list[Outcome] | None:
+        """All jobs in one transaction, each in its own savepoint.
+
+        ``fallback``: return None, having done nothing, if another connection
+        holds the write lock (the caller retries where waiting is harmless).
+        """
         if conn is None:
             error = RuntimeError("SqliteStore is not open")
             return [(False, error) for _ in jobs]
-        outcomes: list[tuple[bool, Any]] = []
+        outcomes: list[Outcome] = []
         try:
             # IMMEDIATE: take the write lock up front, so a job's lookups and
             # inserts see one state even with writers in other processes.
             conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if fallback and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+                return None
+            # Locked past busy_timeout, disk I/O error...: nothing was done.
+            return [(False, exc) for _ in jobs]
+        try:
             for job in jobs:
                 conn.execute("SAVEPOINT job")
                 try:
@@ -125,7 +244,7 @@ class SqliteWriter:
                 conn.execute("RELEASE job")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            # BEGIN or COMMIT failed (locked past busy_timeout, disk full...): nothing is kept.
+            # COMMIT failed (disk full, I/O error...): nothing is kept.
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return [(False, exc) for _ in jobs]

@@ -1,0 +1,113 @@
+"""The last chain a store committed per session: a resent history is neither hashed nor looked up.
+
+A client resends its whole history on every call. Storing it again meant
+computing a path hash per item and looking every one up in SQLite, work
+proportional to the history on every request. This cache keeps, per
+session, the content hashes, path hashes and item ids of the last chain
+the store committed, so the next exchange computes path hashes and looks
+up ids only for the items after the resent prefix.
+
+Why cached ids stay valid: a session's ids are never reused (AUTOINCREMENT)
+and items are only ever deleted with their whole session, so every item of
+a committed chain exists for as long as its session keeps its id. The write
+job compares the session id it upserts with the cached one and ignores the
+cache when they differ (the session was deleted and made again). The cache
+is filled only with what a committed job returned, never with what a job
+is about to write.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from proxy.store.base import SessionRef, path_hash
+
+
+class Chain(NamedTuple):
+    session_id: int
+    content_hashes: tuple[str, ...]
+    path_hashes: tuple[str, ...]
+    item_ids: tuple[int, ...]
+
+
+class Prefix(NamedTuple):
+    """What the cache knows of a chain about to be stored."""
+
+    # Path hashes of the whole chain (the resent prefix's from the cache).
+    path_hashes: list[str]
+    # Item ids of the chain's first items (the resent prefix), valid if the
+    # session's id is still ``session_id``.
+    known_ids: tuple[int, ...]
+    session_id: int | None
+
+
+class ChainCache:
+    """Bounded by sessions and by the items held in all."""
+
+    def __init__(self, max_sessions: int = 1024, max_items: int = 100_000) -> None:
+        self.max_sessions = max_sessions
+        self.max_items = max_items
+        # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
+        self._chains: OrderedDict[tuple[str, str], Chain] = OrderedDict()
+        self._items = 0
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def get(self, session: SessionRef) -> Chain | None:
+        return self._chains.get((session.tenant, session.key))
+
+    def prefix(self, session: SessionRef, content_hashes: Sequence[str]) -> Prefix:
+        chain = self._chains.get((session.tenant, session.key))
+        if chain is None:
+            return Prefix(_extend([], content_hashes), (), None)
+        known = chain.content_hashes
+        if tuple(content_hashes[: len(known)]) == known:  # the whole chain resent: one C compare
+            shared = len(known)
+        else:
+            shared = 0
+            for new, old in zip(content_hashes, known, strict=False):
+                if new != old:
+                    break
+                shared += 1
+        paths = _extend(list(chain.path_hashes[:shared]), content_hashes[shared:])
+        return Prefix(paths, chain.item_ids[:shared], chain.session_id)
+
+    def committed(
+        self,
+        session: SessionRef,
+        session_id: int,
+        content_hashes: Sequence[str],
+        path_hashes: Sequence[str],
+        item_ids: Sequence[int],
+    ) -> None:
+        """Remember a chain a committed job stored (its ids as the job returned them)."""
+        key = (session.tenant, session.key)
+        old = self._chains.pop(key, None)
+        if old is not None:
+            self._items -= len(old.item_ids)
+        if not item_ids or len(item_ids) > self.max_items:
+            return
+        self._chains[key] = Chain(
+            session_id, tuple(content_hashes), tuple(path_hashes), tuple(item_ids)
+        )
+        self._items += len(item_ids)
+        while self._items > self.max_items or len(self._chains) > self.max_sessions:
+            _, dropped = self._chains.popitem(last=False)
+            self._items -= len(dropped.item_ids)
+
+    def forget(self, session: SessionRef) -> None:
+        old = self._chains.pop((session.tenant, session.key), None)
+        if old is not None:
+            self._items -= len(old.item_ids)
+
+
+def _extend(paths: list[str], content_hashes: Sequence[str]) -> list[str]:
+    """``paths`` (a chain's path hashes so far) extended by the items of ``content_hashes``."""
+    parent = paths[-1] if paths else None
+    for content_hash in content_hashes:
+        parent = path_hash(parent, content_hash)
+        paths.append(parent)
+    return paths
