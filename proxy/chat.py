@@ -335,11 +335,10 @@ class ChatExchange:
             self.rt.summaries.prefetch_after(
                 self.summary_ctx, reply_in.message, reply_in.content_hash
             )
-        record_soon = getattr(self.rt.store, "record_exchange_soon", None)
-        if record_soon is not None and upstream is None:
-            # The store queues the write now (SqliteStore): no task or coroutine
-            # per request, only the write's future.
-            future = record_soon(self.ref, conversation, reply_in, record)
+        if upstream is None:
+            # The store queues the write now (SqliteStore: no task or coroutine
+            # per request, only the write's future).
+            future = self.rt.store.record_exchange_soon(self.ref, conversation, reply_in, record)
             future.add_done_callback(functools.partial(self._written, time.perf_counter()))
             self.rt.background.track(future, name=f"store-{self.id}")
             return

@@ -54,6 +54,23 @@ async def test_first_exchange_stores_every_message_and_makes_the_reply_head(stor
     assert (info.item_count, info.request_count, info.stored_tokens) == (3, 1, 9)
 
 
+async def test_record_exchange_soon_stores_what_record_exchange_stores(store: Store) -> None:
+    first = await store.record_exchange_soon(ALICE, [SYSTEM, U1], A1, req())
+    U2 = msg("user", "second")
+    # Queued together: the second resends the first's history plus a new message.
+    second, none = await asyncio.gather(
+        store.record_exchange_soon(ALICE, [SYSTEM, U1, A1, U2], msg("assistant", "r2"), req()),
+        store.record_exchange_soon(None, [U1], None, req(session_key=None)),
+    )
+    assert first is not None and second is not None and none is None
+    assert second.new_messages == 1
+    assert second.item_ids[:3] == [*first.item_ids, first.reply_id]
+    history = await store.history(ALICE)
+    assert messages(history) == messages([SYSTEM, U1, A1, U2, msg("assistant", "r2")])
+    info = await store.get_session(ALICE)
+    assert info is not None and info.request_count == 2
+
+
 async def test_resent_history_stores_only_the_new_message_and_reuses_prefix_ids(
     store: Store,
 ) -> None:

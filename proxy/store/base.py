@@ -10,6 +10,7 @@ stored is ever rewritten in place.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -201,6 +202,20 @@ class Store(Protocol):
         session, or with ``conversation`` empty and no reply (a failed
         upstream call), only the request row is written. Returns None when
         there is no session.
+        """
+        ...
+
+    def record_exchange_soon(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> asyncio.Future[ExchangeResult | None]:
+        """``record_exchange``, started now; the future resolves once it is stored.
+
+        The request path uses this after the answer is relayed: a backend may
+        queue the write without a task or coroutine per exchange.
         """
         ...
 

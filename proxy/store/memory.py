@@ -64,6 +64,15 @@ class MemoryStore:
     async def close(self) -> None:
         return None
 
+    def record_exchange_soon(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> asyncio.Future[ExchangeResult | None]:
+        return asyncio.ensure_future(self.record_exchange(session, conversation, reply, request))
+
     async def record_exchange(
         self,
         session: SessionRef | None,
