@@ -20,6 +20,7 @@ os.environ["TIKTOKEN_CACHE_DIR"] = str(
 # Keep any accidental real-provider call pointed at nothing.
 os.environ.pop("OPENAI_API_KEY", None)
 
+from tests.fake_responses import FakeResponses  # noqa: E402
 from tests.fake_upstream import FakeUpstream  # noqa: E402
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
 
@@ -37,6 +38,15 @@ def loop_thread() -> Iterator[LoopThread]:
 @pytest.fixture
 def fake(loop_thread: LoopThread) -> Iterator[tuple[FakeUpstream, AiohttpServer]]:
     upstream = FakeUpstream()
+    server = AiohttpServer(loop_thread, upstream.app())
+    yield upstream, server
+    server.stop()
+
+
+@pytest.fixture
+def responses_upstream(loop_thread: LoopThread) -> Iterator[tuple[FakeResponses, AiohttpServer]]:
+    """A recording fake upstream that serves /v1/responses."""
+    upstream = FakeResponses()
     server = AiohttpServer(loop_thread, upstream.app())
     yield upstream, server
     server.stop()

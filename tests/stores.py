@@ -7,14 +7,16 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from proxy.store.base import MessageIn, SessionRef, Store
+from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.sqlite import SqliteStore
 
@@ -52,3 +54,21 @@ def msg(role: str, content: str, tokens: int | None = 3, status: str = "complete
     message = {"role": role, "content": content}
     digest = hashlib.sha256(orjson.dumps(message)).hexdigest()
     return MessageIn(message, digest, role, tokens, status)
+
+
+_request_ids = itertools.count()
+
+
+def req(tenant: str = ALICE.tenant, **fields: Any) -> RequestRecord:
+    """A request row for ALICE's session (or ``tenant``'s), unique id; ``fields`` override."""
+    base: dict[str, Any] = {
+        "id": f"req-{next(_request_ids)}",
+        "tenant": tenant,
+        "session_key": ALICE.key,
+        "route": "default",
+        "policy": "trim",
+        "model": "gpt-test",
+        "stream": False,
+        "status": 200,
+    }
+    return RequestRecord(**(base | fields))

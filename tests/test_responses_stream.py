@@ -26,11 +26,10 @@ WEATHER = {
 
 
 @pytest.fixture
-def upstream(loop_thread: LoopThread) -> Iterator[tuple[FakeResponses, AiohttpServer]]:
-    fake = FakeResponses()
-    server = AiohttpServer(loop_thread, fake.app())
-    yield fake, server
-    server.stop()
+def upstream(
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+) -> tuple[FakeResponses, AiohttpServer]:
+    return responses_upstream
 
 
 @pytest.fixture

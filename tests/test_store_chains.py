@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.store import sqlite as sqlite_module
-from proxy.store.base import MessageIn, RequestRecord, SessionRef, chain_path_hashes
+from proxy.store.base import MessageIn, SessionRef, chain_path_hashes
 from proxy.store.chains import ChainCache
 from proxy.store.sqlite import SqliteStore
-
-ALICE = SessionRef("tenant-a", "chat-1")
-_ids = itertools.count()
-
-
-def msg(role: str, content: str) -> MessageIn:
-    message = {"role": role, "content": content}
-    return MessageIn(message, hashlib.sha256(orjson.dumps(message)).hexdigest(), role, 3)
-
-
-def req(**fields: Any) -> RequestRecord:
-    base: dict[str, Any] = {
-        "id": f"req-{next(_ids)}",
-        "tenant": ALICE.tenant,
-        "session_key": ALICE.key,
-        "route": "default",
-        "policy": "trim",
-        "model": "gpt-test",
-        "stream": False,
-        "status": 200,
-    }
-    return RequestRecord(**(base | fields))
-
+from tests.stores import ALICE, msg, req
 
 SYSTEM = msg("system", "be brief")
 U1, A1, U2, A2, U3 = (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -14,21 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
-from tests.stores import ALICE, BACKENDS, make_store, msg
-
-_ids = itertools.count()
-
-
-def req(**fields: Any) -> RequestRecord:
-    base: dict[str, Any] = {
-        "id": f"req-{next(_ids)}",
-        "tenant": ALICE.tenant,
-        "session_key": ALICE.key,
-    }
-    defaults = {"route": "default", "policy": "trim", "model": "m", "stream": False, "status": 200}
-    return RequestRecord(**(base | defaults | fields))
-
+from proxy.store.base import MessageIn, SessionRef, Store
+from tests.stores import ALICE, BACKENDS, make_store, msg, req
 
 SYSTEM = msg("system", "be brief")
 U1, A1, U2 = msg("user", "hi"), msg("assistant", "hello"), msg("user", "weather?")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,9 +11,15 @@ import pytest
 
 from proxy.store.base import MessageIn, RequestRecord, ResponseIn, SessionRef, Store, StoredItem
 from tests.stores import ALICE
+from tests.stores import req as store_req
+
+
+def req(tenant: str = ALICE.tenant, **fields: Any) -> RequestRecord:
+    """A request row of the Responses endpoint."""
+    return store_req(tenant, **({"endpoint": "/v1/responses"} | fields))
+
 
 BOB_TENANT = "tenant-b"
-_ids = itertools.count()
 
 
 def item(data: dict[str, Any], tokens: int = 2) -> MessageIn:
@@ -37,21 +42,6 @@ def said(text: str, n: int) -> MessageIn:
             "content": [{"type": "output_text", "text": text, "annotations": []}],
         }
     )
-
-
-def req(tenant: str = ALICE.tenant, **fields: Any) -> RequestRecord:
-    base: dict[str, Any] = {
-        "id": f"req-{next(_ids)}",
-        "tenant": tenant,
-        "session_key": ALICE.key,
-        "route": "r",
-        "policy": "passthrough",
-        "model": "m",
-        "stream": False,
-        "status": 200,
-        "endpoint": "/v1/responses",
-    }
-    return RequestRecord(**(base | fields))
 
 
 def resp(rid: str, previous: str | None = None, status: str = "completed") -> ResponseIn:

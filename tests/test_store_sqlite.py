@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,29 +15,7 @@ from proxy.store import sqlite as sqlite_module
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
 from proxy.store.migrations import MIGRATIONS, migrate, split_statements
 from proxy.store.sqlite import SqliteStore
-
-ALICE = SessionRef("tenant-a", "chat-1")
-_ids = itertools.count()
-
-
-def msg(role: str, content: str) -> MessageIn:
-    message = {"role": role, "content": content}
-    return MessageIn(message, hashlib.sha256(orjson.dumps(message)).hexdigest(), role, 3)
-
-
-def req(**fields: Any) -> RequestRecord:
-    base: dict[str, Any] = {
-        "id": f"req-{next(_ids)}",
-        "tenant": ALICE.tenant,
-        "session_key": ALICE.key,
-        "route": "default",
-        "policy": "trim",
-        "model": "gpt-test",
-        "stream": False,
-        "status": 200,
-    }
-    return RequestRecord(**(base | fields))
-
+from tests.stores import ALICE, msg, req
 
 SYSTEM = msg("system", "be brief")
 U1, A1, U2 = msg("user", "hi"), msg("assistant", "hello"), msg("user", "weather?")

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from proxy.store.base import (
-    RequestRecord,
     SessionRef,
     Store,
     SummaryIn,
     chain_path_hashes,
 )
-from tests.stores import ALICE, msg
-
-_ids = itertools.count()
-
-
-def req(**fields: Any) -> RequestRecord:
-    base = {"id": f"req-{next(_ids)}", "tenant": ALICE.tenant, "session_key": ALICE.key}
-    defaults = {"route": "r", "policy": "p", "model": "m", "stream": False, "status": 200}
-    return RequestRecord(**(base | defaults | fields))
-
+from tests.stores import ALICE, msg, req
 
 CHAT = [msg("system", "be brief")] + [
     msg("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(8)
