@@ -1,6 +1,6 @@
 # ctxproxy: slim, non-root, offline at run time. The tokenizer files and the
 # model map ship inside litellm; the proxy points tiktoken at them itself
-# (proxy/model_info.py: offline_environment), so nothing is downloaded.
+# (proxy/context/model_info.py: offline_environment), so nothing is downloaded.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,7 +17,7 @@ RUN pip install . \
     && mkdir -p /app/data /config \
     && chown ctxproxy /app/data \
     # Fail the build now if the bundled encodings are not usable offline.
-    && python -c "from proxy.model_info import offline_environment; offline_environment(); \
+    && python -c "from proxy.context.model_info import offline_environment; offline_environment(); \
 import tiktoken; tiktoken.get_encoding('o200k_base'); tiktoken.get_encoding('cl100k_base')"
 
 COPY config.example.yaml /config/config.yaml

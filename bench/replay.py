@@ -65,8 +65,8 @@ from policies.types import (  # noqa: E402
     PolicySpec,
     TrimSpec,
 )
-from proxy.replay import load_file, newest_turn_start, requests  # noqa: E402
-from proxy.tokens import TiktokenCounter  # noqa: E402
+from proxy.context.tokens import TiktokenCounter  # noqa: E402
+from proxy.ops.replay import load_file, newest_turn_start, requests  # noqa: E402
 
 Conversation = list[dict[str, Any]]
 
@@ -85,7 +85,7 @@ SCALING_TARGET = 3.0
 
 
 def load(name: str) -> list[Conversation]:
-    """Every conversation of a dataset, as proxy/replay.py loads it for `python -m proxy replay`."""
+    """Every conversation of a dataset, as proxy/ops/replay.py loads it for `python -m proxy replay`."""
     return [c.messages for c in load_file(DATA / name) if c.messages]
 
 

@@ -4,7 +4,7 @@ Each conversation is replayed request by request (everything up to each user
 message) as ``python -m proxy replay`` replays a summarize policy
 (:mod:`proxy.offline_summaries`): the summaries of earlier requests are its
 stored state, the deterministic extractive stand-in
-(``proxy.summarizer.ExtractiveSummarizer``) is the summarizer. After each
+(``proxy.context.summarizer.ExtractiveSummarizer``) is the summarizer. After each
 answer, the summary the next request will need is prepared ahead, as the
 proxy does (``prefetch``); a request that still needs one "waits".
 
@@ -38,10 +38,10 @@ from policies.types import (
     PolicySpec,
     SummarizeSpec,
 )
-from proxy.offline_summaries import OfflineSummaries
-from proxy.replay import locomo_dialogue, requests
-from proxy.summarizer import DEFAULT_PROMPT, SummaryOutput, SummaryRequest, request_messages
-from proxy.tokens import TiktokenCounter
+from proxy.context.offline_summaries import OfflineSummaries
+from proxy.context.summarizer import DEFAULT_PROMPT, SummaryOutput, SummaryRequest, request_messages
+from proxy.context.tokens import TiktokenCounter
+from proxy.ops.replay import locomo_dialogue, requests
 
 Conversation = list[dict[str, Any]]
 
@@ -66,7 +66,7 @@ class Locomo:
 
 
 def load_locomo(path: Path) -> list[Locomo]:
-    """LoCoMo conversations as chat messages (proxy/replay.py's loader), with their QA."""
+    """LoCoMo conversations as chat messages (proxy/ops/replay.py's loader), with their QA."""
     out = []
     for entry in json.loads(path.read_text()):
         messages, turns = locomo_dialogue(entry)

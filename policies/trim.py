@@ -32,7 +32,7 @@ piece at a time (the user message, then each tool result), and a mark that
 includes it would move the cut again on the next request of the same turn
 with no budget crossed. Without the newest unit, the cut a request computes
 is the cut every later request computes, until the kept suffix really
-overflows (proof sketch in tests/test_policies_properties.py).
+overflows (proof sketch in tests/policies/test_properties.py).
 
 In the replay, older units cost what they will cost once clipped: a tool
 result over the cap counts as the cap (an upper bound; the real clip is at

@@ -1,7 +1,7 @@
 """Command line: `python -m proxy [serve] --config PATH`, `python -m proxy check --config PATH`.
 
 Also `python -m proxy sessions list|show|delete|export ...` and
-`python -m proxy replay FILE --config PATH --policy NAME` (see proxy/cli.py).
+`python -m proxy replay FILE --config PATH --policy NAME` (see proxy/ops/cli.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from proxy.config import Config, load_config
+from proxy.config.loader import Config, load_config
 from proxy.errors import ConfigError
 
 
@@ -43,7 +43,7 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.logging import configure_logging
+    from proxy.telemetry.logging import configure_logging
 
     configure_logging(config.logging.level, config.logging.format)
     app = create_app(config)
@@ -74,7 +74,7 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("sessions", "replay"):
-        from proxy import cli
+        from proxy.ops import cli
 
         return cli.main(args)
     if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):

@@ -13,21 +13,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.admin import ROUTES as ADMIN_ROUTES
-from proxy.chat import chat_completions
-from proxy.config import Config
+from proxy.chat.pipeline import chat_completions
+from proxy.config.loader import Config
+from proxy.context.model_info import context_window, offline_environment
 from proxy.errors import InvalidRequest, NotFound, ProxyError
-from proxy.expiry import Expiry
-from proxy.http import error_response, forward_headers, relay_headers
-from proxy.logging import get_logger
-from proxy.metrics import metrics_endpoint
-from proxy.model_info import context_window, offline_environment
-from proxy.preview import context_preview
-from proxy.reload import Reloader
-from proxy.responses import create_response
+from proxy.http.body import error_response, forward_headers, relay_headers
+from proxy.ops.admin import ROUTES as ADMIN_ROUTES
+from proxy.ops.expiry import Expiry
+from proxy.ops.preview import context_preview
+from proxy.ops.reload import Reloader
+from proxy.responses.pipeline import create_response
+from proxy.responses.stored import delete_response, list_input_items, retrieve_response
 from proxy.runtime import Runtime, build_upstream
 from proxy.store.base import Store
-from proxy.stored_responses import delete_response, list_input_items, retrieve_response
+from proxy.telemetry.logging import get_logger
+from proxy.telemetry.metrics import metrics_endpoint
 from proxy.upstream.base import Upstream, UpstreamRequest
 
 log = get_logger()

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Coroutine
 from typing import Any
 
-from proxy.logging import get_logger
+from proxy.telemetry.logging import get_logger
 
 log = get_logger()
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from proxy.background import Background
-from proxy.calibration import Calibration
-from proxy.config import Config, UpstreamConfig
-from proxy.message_cache import MessageCache
-from proxy.metrics import Metrics
-from proxy.rewriter import Rewriter
-from proxy.routing import Router
-from proxy.sessions import SessionLocks
+from proxy.config.loader import Config, UpstreamConfig
+from proxy.context.calibration import Calibration
+from proxy.context.message_cache import MessageCache
+from proxy.context.rewriter import Rewriter
+from proxy.context.summaries import SummaryService
+from proxy.http.routing import Router
+from proxy.http.sessions import SessionLocks
 from proxy.store.base import Store
-from proxy.summaries import SummaryService
+from proxy.telemetry.metrics import Metrics
 from proxy.upstream.base import Upstream
 
 

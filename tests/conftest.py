@@ -20,8 +20,8 @@ os.environ["TIKTOKEN_CACHE_DIR"] = str(
 # Keep any accidental real-provider call pointed at nothing.
 os.environ.pop("OPENAI_API_KEY", None)
 
-from tests.fake_responses import FakeResponses  # noqa: E402
-from tests.fake_upstream import FakeUpstream  # noqa: E402
+from tests.fakes.responses import FakeResponses  # noqa: E402
+from tests.fakes.upstream import FakeUpstream  # noqa: E402
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
 
 # The store contract tests' fixtures: `store` (SQLite and in-memory) and `clock`.

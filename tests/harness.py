@@ -19,7 +19,7 @@ import uvicorn
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.config import Config, parse_config
+from proxy.config.loader import Config, parse_config
 
 T = TypeVar("T")
 

@@ -1,21 +1,5 @@
-"""Storage seam: a small protocol with a SQLite backend and an in-memory fake."""
+"""Storage: the Store protocol (base), SQLite (sqlite, its writer and migrations),
+the in-memory fake (memory).
 
-from proxy.store.base import (
-    ExchangeResult,
-    MessageIn,
-    RequestRecord,
-    SessionInfo,
-    SessionRef,
-    Store,
-    StoredItem,
-)
-
-__all__ = [
-    "ExchangeResult",
-    "MessageIn",
-    "RequestRecord",
-    "SessionInfo",
-    "SessionRef",
-    "Store",
-    "StoredItem",
-]
+May import: proxy.errors, proxy.telemetry and policies.types; never config or anything above.
+"""

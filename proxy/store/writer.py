@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.logging import get_logger
+from proxy.telemetry.logging import get_logger
 
 log = get_logger()
 

@@ -1,5 +1,5 @@
-"""Upstream seam: forward a request, relay the answer."""
+"""Who answers: the Upstream protocol (base), OpenAI-compatible over aiohttp
+(openai_compat), any provider through litellm (provider, litellm_support).
 
-from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamResponse
-
-__all__ = ["Upstream", "UpstreamRequest", "UpstreamResponse"]
+May import: proxy.errors and proxy.telemetry; never config, store or anything above.
+"""

@@ -1,7 +1,7 @@
 """litellm, loaded lazily and quietly, and its exceptions mapped to what a client should see.
 
 Shared by the chat upstream (proxy/upstream/provider.py) and the Responses
-bridge (proxy/bridge.py).
+bridge (proxy/responses/bridge.py).
 """
 
 from __future__ import annotations

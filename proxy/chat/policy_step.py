@@ -1,0 +1,87 @@
+"""The chat pipeline's policy step for modes and summaries (``ChatExchange.plan`` calls these).
+
+Which policy serves a request: the route's, or a context mode the request
+picked (``X-Context-Mode``, when the route allows it) or a route rule chose
+from the latest user message. A summarize policy then runs through the
+summary service (stored summaries, a bounded wait for a new one, or the
+trimming fallback); any other policy through the rewriter, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policies.modes import MODES, ModeChoice, select
+from policies.types import ContextTooLong, Decision, Message, SummarizeSpec
+from proxy.config.loader import RouteConfig
+from proxy.context.summaries import SummaryContext, SummaryOutcome, build_summarizer
+from proxy.errors import ContextLengthExceeded, InvalidRequest
+from proxy.runtime import Runtime
+from proxy.store.base import SessionRef
+
+MODE_HEADER = "x-context-mode"
+
+
+def choose_mode(
+    route: RouteConfig, conversation: Sequence[Message], headers: Mapping[str, str]
+) -> ModeChoice:
+    """The policy (and mode) for this request; a bad ``X-Context-Mode`` is a 400."""
+    modes = route.modes
+    requested: str | None = None
+    if modes is not None and modes.header:
+        value = (headers.get(MODE_HEADER) or "").strip().lower()
+        if value:
+            if value not in MODES:
+                raise InvalidRequest(
+                    f"X-Context-Mode must be one of {', '.join(MODES)}; got {value!r}.",
+                    param="X-Context-Mode",
+                    code="invalid_value",
+                )
+            requested = value
+    rules = modes.rules if modes is not None else ()
+    return select(route.policy, conversation, requested=requested, rules=rules)
+
+
+async def summarize(
+    rt: Runtime,
+    spec: SummarizeSpec,
+    *,
+    route: RouteConfig,
+    ref: SessionRef | None,
+    conversation: Sequence[Message],
+    hashes: Sequence[str] | None,
+    body: Mapping[str, Any],
+    model: str,
+    headers: Mapping[str, str],
+    dry_run: bool,
+) -> tuple[Decision, SummaryOutcome, SummaryContext]:
+    """A summarize policy's decision for one request, with what became of the summary."""
+    budget, factor = rt.rewriter.budget(spec, body, model)
+    count = rt.rewriter.counter(conversation, model, hashes)
+    auth = {"authorization": headers["authorization"]} if "authorization" in headers else {}
+    upstream_configs, upstreams = rt.config.upstreams, rt.upstreams
+
+    def summarizer() -> Any:
+        return build_summarizer(
+            spec.summarizer,
+            model=model,
+            upstream=route.upstream,
+            upstream_configs=upstream_configs,
+            upstreams=upstreams,
+            client_headers=auth,
+            count=count,
+        )
+
+    ctx = SummaryContext(ref, spec, conversation, hashes, count, budget, summarizer)
+    try:
+        outcome = await rt.summaries.decide(ctx, dry_run=dry_run)
+    except ContextTooLong as exc:
+        raise ContextLengthExceeded(
+            f"{exc} Shorten the newest turn or raise the policy's budget.", param="messages"
+        ) from exc
+    decision = outcome.decision
+    if factor != 1.0:
+        decision = dataclasses.replace(decision, extra={**decision.extra, "calibration": factor})
+    return decision, outcome, ctx

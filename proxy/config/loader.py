@@ -1,0 +1,442 @@
+"""Configuration: YAML parsed once into frozen, typed objects.
+
+Every problem is reported with the path of the bad key and the bad value
+(``policies.fit.low_water: must be > 0 and <= 1, got 1.5``). This is the only
+module that reads the environment (``os.environ/NAME`` references).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.summarize import (
+    BUILTIN_MODES,
+    ModesConfig,
+    check_route_policy,
+    route_modes,
+    summarize_policy,
+)
+from proxy.errors import ConfigError
+
+ENV_PREFIX = "os.environ/"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    header: str = "X-Session-Id"
+    # Where else to look, in order: "body.user", "body.metadata.session_id".
+    fallbacks: tuple[str, ...] = ()
+    # session.ttl in seconds: sessions idle longer are deleted. None: kept forever.
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str = "./data/ctxproxy.db"
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    name: str
+    # An OpenAI-compatible upstream has a base URL ...
+    base_url: str | None = None
+    # ... or names a litellm model that translates to another provider.
+    litellm_model: str | None = None
+    api_base: str | None = None
+    # None: forward the client's own Authorization header.
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # How /v1/responses reaches it: "native" forwards to its own /responses;
+    # "bridge" translates to chat completions and back (litellm_model: always).
+    responses: Literal["native", "bridge"] = "native"
+
+
+@dataclass(frozen=True)
+class RouteMatch:
+    path: str = "/v1/chat/completions"
+    model: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    name: str
+    match: RouteMatch
+    upstream: str
+    policy: str
+    history: Literal["client", "server"] = "client"
+    # How a request may switch between the context modes (None: it may not).
+    modes: ModesConfig | None = None
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "info"
+    # "auto": JSON when stdout is not a TTY, console otherwise.
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    # None: the admin API is disabled (every /admin call is a 401).
+    api_key: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Config:
+    upstreams: Mapping[str, UpstreamConfig]
+    routes: tuple[RouteConfig, ...]
+    policies: Mapping[str, PolicySpec]
+    server: ServerConfig = ServerConfig()
+    session: SessionConfig = SessionConfig()
+    store: StoreConfig = StoreConfig()
+    logging: LoggingConfig = LoggingConfig()
+    admin: AdminConfig = AdminConfig()
+    source: str | None = None
+
+
+class _Node:
+    """A mapping being read, with the path used in error messages."""
+
+    def __init__(self, path: str, value: Any, allowed: set[str]) -> None:
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(path, f"must be a mapping, got {_show(value)}")
+        unknown = sorted(str(k) for k in value if k not in allowed)
+        if unknown:
+            where = f"{path}.{unknown[0]}" if path else unknown[0]
+            raise ConfigError(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        self.path = path
+        self.value: Mapping[str, Any] = value
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return key in self.value and self.value[key] is not None
+
+    def raw(self, key: str) -> Any:
+        return self.value.get(key)
+
+    def text(self, key: str, default: str | None = None, *, env: bool = False) -> str | None:
+        if not self.has(key):
+            return default
+        value = self.value[key]
+        if not isinstance(value, str):
+            raise ConfigError(self.at(key), f"must be a string, got {_show(value)}")
+        if env and value.startswith(ENV_PREFIX):
+            name = value[len(ENV_PREFIX) :]
+            resolved = os.environ.get(name)
+            if not resolved:
+                raise ConfigError(self.at(key), f"environment variable {name} is not set")
+            return resolved
+        return value
+
+    def required_str(self, key: str) -> str:
+        value = self.text(key)
+        if value is None:
+            raise ConfigError(self.at(key), "is required")
+        return value
+
+    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int | None:
+        if not self.has(key):
+            return default
+        value = self.value[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.at(key), f"must be an integer, got {_show(value)}")
+        if value < minimum:
+            raise ConfigError(self.at(key), f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(
+        self, key: str, default: float | None = None, *, low: float = 0.0, high: float | None = None
+    ) -> float | None:
+        if not self.has(key):
+            return default
+        value = self.value[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(self.at(key), f"must be a number, got {_show(value)}")
+        if value <= low or (high is not None and value > high):
+            bound = f"> {low}" + (f" and <= {high}" if high is not None else "")
+            raise ConfigError(self.at(key), f"must be {bound}, got {value}")
+        return float(value)
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self.raw(key) or {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(self.at(key), f"must be a mapping, got {_show(value)}")
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise ConfigError(f"{self.at(key)}.{k}", f"must be a string, got {_show(v)}")
+            out[str(k)] = v
+        return out
+
+    def child(self, key: str, allowed: set[str]) -> _Node:
+        return _Node(self.at(key), self.raw(key), allowed)
+
+
+def _show(value: Any) -> str:
+    return repr(value) if not isinstance(value, Mapping | list) else type(value).__name__
+
+
+def _server(node: _Node) -> ServerConfig:
+    d = ServerConfig()
+    return ServerConfig(
+        host=node.text("host", d.host) or d.host,
+        port=node.integer("port", d.port, minimum=1) or d.port,
+        max_body_bytes=node.integer("max_body_bytes", d.max_body_bytes, minimum=1024)
+        or d.max_body_bytes,
+    )
+
+
+def _session(node: _Node) -> SessionConfig:
+    fallbacks = node.raw("fallbacks") or []
+    if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
+        raise ConfigError(
+            node.at("fallbacks"), f"must be a list of strings, got {_show(fallbacks)}"
+        )
+    for i, f in enumerate(fallbacks):
+        if f not in ("body.user", "body.metadata.session_id") and not f.startswith("header:"):
+            raise ConfigError(
+                f"{node.at('fallbacks')}[{i}]",
+                f"must be body.user, body.metadata.session_id or header:NAME, got {f!r}",
+            )
+    return SessionConfig(
+        header=node.text("header", "X-Session-Id") or "X-Session-Id",
+        fallbacks=tuple(fallbacks),
+        ttl_s=_duration(node, "ttl"),
+    )
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(node: _Node, key: str) -> float | None:
+    """A duration like ``30m``, ``12h`` or ``7d`` (also ``s``), in seconds."""
+    if not node.has(key):
+        return None
+    value = node.raw(key)
+    found = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if found is None or float(found.group(1)) <= 0:
+        raise ConfigError(
+            node.at(key), f"must be a positive duration like 30m, 12h or 7d, got {_show(value)}"
+        )
+    return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+
+
+def _admin(node: _Node) -> AdminConfig:
+    raw = node.raw("api_key")
+    if raw is None:
+        return AdminConfig()
+    if not isinstance(raw, str) or not raw.startswith(ENV_PREFIX):
+        # The admin key reads and deletes every tenant's history: keep it out of the file.
+        raise ConfigError(
+            node.at("api_key"), "must be an os.environ/NAME reference, not the key itself"
+        )
+    return AdminConfig(api_key=node.text("api_key", env=True))
+
+
+def _upstream(name: str, node: _Node) -> UpstreamConfig:
+    base_url = node.text("base_url")
+    model = node.text("litellm_model")
+    if (base_url is None) == (model is None):
+        raise ConfigError(node.path, "needs exactly one of base_url or litellm_model")
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        raise ConfigError(node.at("base_url"), f"must be an http(s) URL, got {base_url!r}")
+    responses = node.text("responses", "bridge" if model else "native")
+    if responses not in ("native", "bridge"):
+        raise ConfigError(node.at("responses"), f"must be native or bridge, got {responses!r}")
+    if model is not None and responses == "native":
+        raise ConfigError(
+            node.at("responses"),
+            "must be bridge for a litellm_model upstream (it has no /responses)",
+        )
+    return UpstreamConfig(
+        name=name,
+        base_url=base_url.rstrip("/") if base_url else None,
+        litellm_model=model,
+        api_base=node.text("api_base"),
+        api_key=node.text("api_key", env=True),
+        timeout_s=node.number("timeout_s", 600.0) or 600.0,
+        connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
+        headers=node.str_map("headers"),
+        responses="bridge" if responses == "bridge" else "native",
+    )
+
+
+def _policy(name: str, node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> PolicySpec:
+    strategy = node.text("strategy")
+    if strategy == "summarize":
+        return summarize_policy(node, base_dir, upstreams)
+    if strategy in (None, "none"):
+        _Node(node.path, node.value, {"strategy"})
+        return NoneSpec()
+    if strategy == "trim":
+        node = _Node(
+            node.path,
+            node.value,
+            {
+                "strategy",
+                "max_turns",
+                "max_tokens",
+                "context_fraction",
+                "low_water",
+                "tool_output_max_tokens",
+            },
+        )
+        spec = TrimSpec(
+            max_turns=node.integer("max_turns", minimum=1),
+            max_tokens=node.integer("max_tokens", minimum=1),
+            context_fraction=node.number("context_fraction", high=1.0),
+            low_water=node.number("low_water", high=1.0),
+            tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
+        )
+        if spec.max_turns is None and spec.max_tokens is None and spec.context_fraction is None:
+            raise ConfigError(
+                node.path, "a trim policy needs max_turns, max_tokens or context_fraction"
+            )
+        return spec
+    raise ConfigError(
+        node.at("strategy"), f"must be one of none, trim, summarize; got {strategy!r}"
+    )
+
+
+def _route(
+    index: int, node: _Node, config_upstreams: Mapping[str, Any], pols: Mapping[str, Any]
+) -> RouteConfig:
+    match = node.child("match", {"path", "model", "headers"})
+    upstream = node.required_str("upstream")
+    if upstream not in config_upstreams:
+        raise ConfigError(node.at("upstream"), f"names no configured upstream: {upstream!r}")
+    policy = node.text("policy", "passthrough") or "passthrough"
+    if policy not in pols:
+        raise ConfigError(node.at("policy"), f"names no configured policy: {policy!r}")
+    history = node.text("history", "client")
+    if history not in ("client", "server"):
+        raise ConfigError(node.at("history"), f"must be client or server, got {history!r}")
+    path = match.text("path", "/v1/chat/completions") or "/v1/chat/completions"
+    check_route_policy(node, path, pols[policy])
+    return RouteConfig(
+        name=node.text("name") or f"routes[{index}]",
+        match=RouteMatch(path=path, model=match.text("model"), headers=match.str_map("headers")),
+        upstream=upstream,
+        policy=policy,
+        history="server" if history == "server" else "client",
+        modes=route_modes(node),
+    )
+
+
+def parse_config(data: Any, source: str | None = None) -> Config:
+    root = _Node(
+        "",
+        data,
+        {"server", "session", "store", "upstreams", "routes", "policies", "logging", "admin"},
+    )
+    ups = root.raw("upstreams")
+    if not isinstance(ups, Mapping) or not ups:
+        raise ConfigError("upstreams", "must be a non-empty mapping of name to upstream")
+    upstreams = {
+        str(name): _upstream(
+            str(name),
+            _Node(
+                f"upstreams.{name}",
+                body,
+                {
+                    "base_url",
+                    "litellm_model",
+                    "api_base",
+                    "api_key",
+                    "timeout_s",
+                    "connect_timeout_s",
+                    "headers",
+                    "responses",
+                },
+            ),
+        )
+        for name, body in ups.items()
+    }
+    raw_policies = root.raw("policies") or {}
+    if not isinstance(raw_policies, Mapping):
+        raise ConfigError("policies", f"must be a mapping, got {_show(raw_policies)}")
+    # Built in: passthrough and the three context modes (the file may redefine a mode).
+    policies: dict[str, PolicySpec] = {"passthrough": NoneSpec(), **BUILTIN_MODES}
+    # A summarizer's prompt_file is relative to the config file.
+    base_dir = Path(source).parent if source else Path.cwd()
+    for name, body in raw_policies.items():
+        node = _Node(f"policies.{name}", body, _ANY)
+        policies[str(name)] = _policy(str(name), node, base_dir, upstreams)
+    raw_routes = root.raw("routes")
+    if not isinstance(raw_routes, list) or not raw_routes:
+        raise ConfigError("routes", "must be a non-empty list")
+    routes = tuple(
+        _route(
+            i,
+            _Node(f"routes[{i}]", r, {"name", "match", "upstream", "policy", "history", "modes"}),
+            upstreams,
+            policies,
+        )
+        for i, r in enumerate(raw_routes)
+    )
+    log = root.child("logging", {"level", "format"})
+    level = (log.text("level", "info") or "info").lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError("logging.level", f"must be debug, info, warning or error, got {level!r}")
+    fmt = log.text("format", "auto") or "auto"
+    if fmt not in ("auto", "json", "console"):
+        raise ConfigError("logging.format", f"must be auto, json or console, got {fmt!r}")
+    store = root.child("store", {"path"})
+    return Config(
+        upstreams=upstreams,
+        routes=routes,
+        policies=policies,
+        server=_server(root.child("server", {"host", "port", "max_body_bytes"})),
+        session=_session(root.child("session", {"header", "fallbacks", "ttl"})),
+        store=StoreConfig(path=store.text("path", StoreConfig.path) or StoreConfig.path),
+        logging=LoggingConfig(level=level, format=fmt),  # type: ignore[arg-type]
+        admin=_admin(root.child("admin", {"api_key"})),
+        source=source,
+    )
+
+
+class _AnyKeys(set[str]):
+    """Allowed-keys marker for nodes whose keys are checked later by their parser."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+_ANY = _AnyKeys()
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read config file {str(p)!r}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{p}: invalid YAML: {exc}") from exc
+    return parse_config(data, source=str(p))

@@ -1,0 +1,7 @@
+"""What reaches the model: the rewriter, tokens, model info, calibration, the message
+cache, summaries and the summarizer.
+
+May import: proxy.errors, proxy.config, proxy.telemetry, proxy.store.base,
+proxy.upstream (the summarizer calls one), proxy.http.sessions (message identity),
+proxy.background and policies. Never chat, responses or ops.
+"""

@@ -1,0 +1,135 @@
+"""Token calibration: how far the local count is from what the upstream bills, per model.
+
+tiktoken is exact for OpenAI models and an estimate for everything else
+(Anthropic, Llama, Gemini behind litellm or an OpenAI-compatible server). After
+each answer the upstream's ``usage.prompt_tokens`` is compared with the local
+count of what was forwarded, and a running factor ``reported / local`` is
+kept per model. Budgets are divided by it (see ``proxy.rewriter``), so a
+route's ``max_tokens`` holds in the upstream's own tokens; the counts the
+proxy reports and stores stay local, which keeps the ratio stable (scaling the
+counts instead would feed the correction back into its own input).
+
+The factor is a token-weighted, exponentially decaying ratio of sums: big
+prompts, where budgets bind, weigh more than a one-word greeting whose count is
+all per-message overhead. It is applied once ``min_samples`` answers are in and
+clamped to ``[low, high]``, so a buggy or cached usage report cannot make a
+budget absurd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.telemetry.metrics import CallbackGauge, Labels, Registry
+
+ALPHA = 0.2
+MIN_SAMPLES = 5
+LOW, HIGH = 0.5, 2.0
+# Model names come from clients; only models the upstream answered are tracked.
+MAX_MODELS = 256
+
+
+@dataclass
+class ModelCalibration:
+    samples: int = 0
+    # Exponentially decayed sums of reported and local prompt tokens.
+    reported: float = 0.0
+    local: float = 0.0
+    last_reported: int = 0
+    last_local: int = 0
+
+    def ratio(self) -> float:
+        return self.reported / self.local if self.local > 0 else 1.0
+
+
+class Calibration:
+    def __init__(
+        self,
+        *,
+        alpha: float = ALPHA,
+        min_samples: int = MIN_SAMPLES,
+        low: float = LOW,
+        high: float = HIGH,
+        max_models: int = MAX_MODELS,
+    ) -> None:
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self.low = low
+        self.high = high
+        self.max_models = max_models
+        self.models: dict[str, ModelCalibration] = {}
+        # Applied factors by model, kept apart so the hot path is one dict lookup.
+        self._factors: dict[str, float] = {}
+
+    def observe(self, model: str, local: int, reported: int) -> None:
+        """One answer: ``local`` tokens forwarded (as counted here), ``reported`` billed."""
+        if local <= 0 or reported <= 0:
+            return
+        entry = self.models.get(model)
+        if entry is None:
+            if len(self.models) >= self.max_models:
+                return
+            entry = self.models[model] = ModelCalibration()
+        keep = 1.0 - self.alpha
+        entry.reported = entry.reported * keep + reported
+        entry.local = entry.local * keep + local
+        entry.samples += 1
+        entry.last_reported, entry.last_local = reported, local
+        if entry.samples >= self.min_samples:
+            self._factors[model] = min(self.high, max(self.low, entry.ratio()))
+
+    def observe_usage(self, model: str | None, local: int, usage: Any) -> None:
+        """``observe`` from an answer's ``usage`` object, when it has prompt tokens."""
+        if model is None or not isinstance(usage, dict):
+            return
+        reported = usage.get("prompt_tokens")
+        if isinstance(reported, int) and not isinstance(reported, bool):
+            self.observe(model, local, reported)
+
+    def factor(self, model: str) -> float:
+        """The factor budgets are divided by: 1.0 until enough samples are in."""
+        return self._factors.get(model, 1.0)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every tracked model, for the admin API."""
+        return [
+            {
+                "model": model,
+                "factor": round(self.factor(model), 4),
+                "measured": round(entry.ratio(), 4),
+                "samples": entry.samples,
+                "applied": model in self._factors,
+                "last_local_tokens": entry.last_local,
+                "last_reported_tokens": entry.last_reported,
+            }
+            for model, entry in sorted(self.models.items())
+        ]
+
+    def register(self, registry: Registry) -> None:
+        """Expose the factors and sample counts as gauges, read at scrape time."""
+        registry.add(
+            CallbackGauge(
+                "ctxproxy_token_calibration_factor",
+                "Upstream-reported over local prompt tokens, per model (1 until calibrated).",
+                ("model",),
+                self.factor_samples,
+            )
+        )
+        registry.add(
+            CallbackGauge(
+                "ctxproxy_token_calibration_samples",
+                "Answers with usage compared against the local count, per model.",
+                ("model",),
+                self.sample_counts,
+            )
+        )
+
+    def factor_samples(self) -> Iterator[tuple[Labels, float]]:
+        for model in self.models:
+            yield (model,), self.factor(model)
+
+    def sample_counts(self) -> Iterator[tuple[Labels, float]]:
+        for model, entry in self.models.items():
+            yield (model,), float(entry.samples)

@@ -1,0 +1,320 @@
+"""Summaries on the request path: stored ones found, new ones made once, the next one ahead.
+
+For a ``strategy: summarize`` route, :meth:`SummaryService.decide` reads the
+stored summaries covering a prefix of the conversation, asks the pure
+planner (:mod:`policies.summarize`) what to forward, and when a new summary
+is needed makes it (bounded by the summarizer's timeout) or falls back to
+trimming. After the answer is sent, :meth:`SummaryService.prefetch_after`
+prepares the summary the next request will need, so requests rarely wait.
+
+Single flight: a summary in progress is keyed by (session, first turn it
+covers, path hash of the last item it covers). A request needing a range
+already in progress (a prefetch, or a concurrent request) waits for that
+call instead of making another. Across processes, the store is checked
+before the call, and saving is first-writer-wins per range, so a late
+duplicate is never stored.
+
+A summary is stored only after the summarizer answered; a failure leaves
+the store as it was, and the request is served by the trimming fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from policies.facts import facts_from_json, unsupported
+from policies.summarize import assemble, plan, prefetch
+from policies.transcript import message_text, transcript
+from policies.types import (
+    Budget,
+    ContextTooLong,
+    CountFn,
+    Decision,
+    Message,
+    SummarizerSpec,
+    SummarizeSpec,
+    SummaryState,
+    SummaryTask,
+)
+from proxy.background import Background
+from proxy.config.loader import UpstreamConfig
+from proxy.context.summarizer import (
+    EXTRACTIVE_MODEL,
+    ExtractiveSummarizer,
+    LLMSummarizer,
+    Summarizer,
+    SummaryFailed,
+    SummaryRequest,
+)
+from proxy.store.base import (
+    MessageIn,
+    SessionRef,
+    Store,
+    StoredSummary,
+    SummaryIn,
+    chain_path_hashes,
+)
+from proxy.telemetry.logging import get_logger
+from proxy.telemetry.metrics import Metrics
+from proxy.upstream.base import Upstream
+
+log = get_logger()
+
+
+@dataclass(frozen=True)
+class SummaryContext:
+    """One request's view, as the service needs it."""
+
+    ref: SessionRef | None
+    spec: SummarizeSpec
+    messages: Sequence[Message]
+    # Content hashes of ``messages`` (None without a session).
+    hashes: Sequence[str] | None
+    count: CountFn
+    budget: Budget
+    # Builds the summarizer, only when one is needed.
+    summarizer: Callable[[], Summarizer]
+
+
+@dataclass(frozen=True)
+class SummaryOutcome:
+    decision: Decision
+    # none | reused | created | waited | fallback | needed (a preview: nothing is made)
+    status: str
+    # Why the trimming fallback served the request (summarizer_timeout, ...).
+    fallback: str | None = None
+    # How long the request waited for a summarizer.
+    wait_ms: float | None = None
+    summary_id: int | None = None
+
+    def detail(self, view: object = None) -> dict[str, Any]:
+        """What the request row says: ``summary`` (``view``, the decision's account of
+        the summary it forwarded, plus status, id and wait) and ``fallback``."""
+        summary: dict[str, Any] = dict(view) if isinstance(view, Mapping) else {}
+        summary["status"] = self.status
+        if self.summary_id is not None:
+            summary["id"] = self.summary_id
+        if self.wait_ms is not None:
+            summary["wait_ms"] = round(self.wait_ms, 2)
+        out: dict[str, Any] = {"summary": summary}
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
+        return out
+
+
+_Key = tuple[SessionRef, int, str]
+_Result = StoredSummary | SummaryFailed
+
+
+class SummaryService:
+    def __init__(self, store: Store, background: Background, metrics: Metrics) -> None:
+        self.store = store
+        self.background = background
+        self.metrics = metrics
+        self._inflight: dict[_Key, asyncio.Task[_Result]] = {}
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def decide(self, ctx: SummaryContext, *, dry_run: bool = False) -> SummaryOutcome:
+        """The decision for one request; waits for a needed summary (bounded), or falls back.
+
+        ``dry_run`` (previews): nothing is made or stored; a needed summary
+        shows as the fallback with status ``needed``.
+        """
+        paths = chain_path_hashes(ctx.hashes) if ctx.ref and ctx.hashes is not None else None
+        states = await self._states(ctx.ref, paths) if ctx.ref and paths else []
+        planned = plan(ctx.messages, ctx.spec, ctx.count, ctx.budget, states)
+        if planned.decision is not None:
+            if planned.reused is None:
+                return SummaryOutcome(planned.decision, "none")
+            self.metrics.count_summary("reused")
+            return SummaryOutcome(planned.decision, "reused", summary_id=planned.reused.id)
+        task, backup = planned.task, planned.fallback
+        assert task is not None and backup is not None  # a plan without a decision has both
+        if ctx.ref is None or paths is None:
+            return SummaryOutcome(backup, "fallback", fallback="no_session")
+        if dry_run:
+            marked = dataclasses.replace(backup, extra={**backup.extra, "summary_needed": True})
+            return SummaryOutcome(marked, "needed")
+        key = (ctx.ref, task.start_unit, paths[task.end - 1])
+        running = self._inflight.get(key)
+        joined = running is not None
+        if running is None:
+            running = self._start(key, ctx, task, paths)
+        started = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(running), ctx.spec.summarizer.timeout_s)
+        except TimeoutError:
+            result = SummaryFailed("timeout", "the request stopped waiting")
+        wait_ms = (time.perf_counter() - started) * 1000
+        if isinstance(result, SummaryFailed):
+            reason = f"summarizer_{result.reason}"
+            return SummaryOutcome(backup, "fallback", fallback=reason, wait_ms=wait_ms)
+        state = _state(result, task.end)
+        try:
+            decision = assemble(ctx.messages, ctx.spec, ctx.count, ctx.budget, state)
+        except ContextTooLong:
+            # The summary itself does not fit the budget: trimming alone does.
+            return SummaryOutcome(backup, "fallback", fallback="summary_too_long", wait_ms=wait_ms)
+        status = "waited" if joined else "created"
+        return SummaryOutcome(decision, status, wait_ms=wait_ms, summary_id=result.id)
+
+    def prefetch_after(self, ctx: SummaryContext, reply: Message, reply_hash: str) -> None:
+        """After the answer: prepare the next summary in the background if it will be needed."""
+        if ctx.ref is None or ctx.hashes is None or not ctx.spec.prefetch:
+            return
+        self.background.spawn(self._prefetch(ctx, reply, reply_hash), name="summary-prefetch")
+
+    async def _prefetch(self, ctx: SummaryContext, reply: Message, reply_hash: str) -> None:
+        assert ctx.ref is not None and ctx.hashes is not None
+        messages = [*ctx.messages, reply]
+        hashes = [*ctx.hashes, reply_hash]
+        paths = chain_path_hashes(hashes)
+        states = await self._states(ctx.ref, paths)
+        task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states)
+        if task is None:
+            return
+        key = (ctx.ref, task.start_unit, paths[task.end - 1])
+        if key not in self._inflight:
+            ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes)
+            await self._start(key, ahead, task, paths, prefetched=True)
+
+    async def _states(self, ref: SessionRef, paths: Sequence[str]) -> list[SummaryState]:
+        stored = await self.store.summaries_for(ref, paths)
+        if not stored:
+            return []
+        position = {h: i for i, h in enumerate(paths)}
+        return [_state(s, position[s.covers_path_hash] + 1) for s in stored]
+
+    def _start(
+        self,
+        key: _Key,
+        ctx: SummaryContext,
+        task: SummaryTask,
+        paths: Sequence[str],
+        *,
+        prefetched: bool = False,
+    ) -> asyncio.Task[_Result]:
+        job = self.background.spawn(self._make(ctx, task, paths, prefetched), name="summary")
+        self._inflight[key] = job
+
+        def forget(done: asyncio.Task[_Result]) -> None:
+            if self._inflight.get(key) is done:
+                del self._inflight[key]
+
+        job.add_done_callback(forget)
+        return job
+
+    async def _make(
+        self, ctx: SummaryContext, task: SummaryTask, paths: Sequence[str], prefetched: bool
+    ) -> _Result:
+        """Make, check and store one summary; a failure is returned, never raised."""
+        assert ctx.ref is not None and ctx.hashes is not None
+        started = time.perf_counter()
+        fields: dict[str, Any] = {
+            "session": ctx.ref.key,
+            "tenant": ctx.ref.tenant,
+            "units": task.cut_unit - task.start_unit,
+            "new_messages": len(task.source),
+            "incremental": task.previous is not None,
+            "prefetch": prefetched,
+        }
+        try:
+            # Another process may have made it since this request read the store.
+            end = paths[task.end - 1]
+            for found in await self.store.summaries_for(ctx.ref, paths[: task.end]):
+                if (found.covers_path_hash, found.start_unit) == (end, task.start_unit):
+                    return found
+            summarizer = ctx.summarizer()
+            previous = task.previous
+            output = await summarizer.summarize(
+                SummaryRequest(
+                    previous=previous.text if previous is not None else None,
+                    transcript=transcript(ctx.messages, task.source),
+                    max_tokens=task.max_tokens,
+                )
+            )
+            source = [message_text(ctx.messages[i]) for i in task.source]
+            if previous is not None:
+                source += [previous.text, *(f.value for f in previous.facts)]
+            flagged = unsupported(output.text, "\n".join(source))
+            covered = [
+                MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
+                for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
+            ]
+            stored = await self.store.save_summary(
+                ctx.ref,
+                covered,
+                SummaryIn(
+                    text=output.text,
+                    start_unit=task.start_unit,
+                    facts=tuple(f.as_json() for f in task.facts),
+                    flagged=tuple(flagged),
+                    model=output.model,
+                    prompt_hash=summarizer.prompt_hash,
+                    usage=output.usage,
+                    previous_summary_id=previous.id if previous is not None else None,
+                ),
+            )
+        except SummaryFailed as exc:
+            return self._failed(exc, fields, started)
+        except Exception as exc:  # the boundary: a summary is optional, the request is not
+            log.error("summary_error", error=repr(exc), exc_info=exc, **fields)
+            return self._failed(SummaryFailed("error", repr(exc)), fields, started)
+        ms = round((time.perf_counter() - started) * 1000, 2)
+        self.metrics.count_summary("made")
+        log.info("summary_made", summary_id=stored.id, ms=ms, usage=output.usage, **fields)
+        if flagged:
+            # The entities themselves are message content: debug level only.
+            log.warning("summary_unverified_entities", summary_id=stored.id, count=len(flagged))
+            log.debug("summary_unverified_entities_values", summary_id=stored.id, values=flagged)
+        return stored
+
+    def _failed(self, exc: SummaryFailed, fields: dict[str, Any], started: float) -> SummaryFailed:
+        self.metrics.count_summary("failed")
+        ms = round((time.perf_counter() - started) * 1000, 2)
+        log.warning("summary_failed", reason=exc.reason, detail=exc.detail, ms=ms, **fields)
+        return exc
+
+
+def _state(stored: StoredSummary, covers: int) -> SummaryState:
+    facts = facts_from_json(stored.facts)
+    return SummaryState(covers, stored.start_unit, stored.text, facts, stored.id)
+
+
+def build_summarizer(
+    spec: SummarizerSpec,
+    *,
+    model: str,
+    upstream: str,
+    upstream_configs: Mapping[str, UpstreamConfig],
+    upstreams: Mapping[str, Upstream],
+    client_headers: Mapping[str, str],
+    count: CountFn,
+) -> Summarizer:
+    """The summarizer a policy names: its model (default: the request's) on its upstream.
+
+    The upstream's configured key is used; without one, the client's own
+    Authorization header, as for the request itself.
+    """
+    name = spec.model or model
+    if name == EXTRACTIVE_MODEL:
+        empty = count({"content": ""})
+        return ExtractiveSummarizer(lambda text: count({"content": text}) - empty)
+    which = spec.upstream or upstream
+    config = upstream_configs[which]
+    headers = {k.lower(): v for k, v in config.headers.items()}
+    if config.api_key is not None:
+        headers["authorization"] = f"Bearer {config.api_key}"
+    elif "authorization" in client_headers:
+        headers["authorization"] = client_headers["authorization"]
+    return LLMSummarizer(
+        upstreams[which], model=name, prompt=spec.prompt, timeout_s=spec.timeout_s, headers=headers
+    )

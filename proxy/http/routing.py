@@ -1,0 +1,54 @@
+"""Which route serves a request: first match on path, model glob and headers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from fnmatch import translate
+
+from proxy.config.loader import Config, RouteConfig
+from proxy.errors import NotFound
+
+# A compiled glob: fnmatchcase's semantics, without its per-call cache lookup.
+Glob = Callable[[str], object]
+
+
+def _glob(pattern: str) -> Glob:
+    return re.compile(translate(pattern)).match
+
+
+class _Compiled:
+    """One route's match globs, compiled once per config."""
+
+    def __init__(self, route: RouteConfig) -> None:
+        self.route = route
+        self.path = _glob(route.match.path)
+        self.model = None if route.match.model is None else _glob(route.match.model)
+        self.headers = [(n.lower(), _glob(p)) for n, p in route.match.headers.items()]
+
+
+class Router:
+    def __init__(self, config: Config) -> None:
+        self._routes = [_Compiled(route) for route in config.routes]
+
+    def match(self, path: str, model: str | None, headers: Mapping[str, str]) -> RouteConfig:
+        for r in self._routes:
+            if r.path(path) is None:
+                continue
+            if r.model is not None and (model is None or r.model(model) is None):
+                continue
+            if any(glob(headers.get(name, "")) is None for name, glob in r.headers):
+                continue
+            return r.route
+        raise NotFound(
+            f"No route is configured for {path} with model {model!r}.",
+            param="model",
+            code="route_not_found",
+        )
+
+    def for_path(self, path: str) -> RouteConfig | None:
+        """The first route whose path matches, whatever its model (for GET endpoints)."""
+        for r in self._routes:
+            if r.path(path) is not None:
+                return r.route
+        return None

@@ -1,0 +1,145 @@
+"""Who is talking: the session id, the tenant, message identity, per-session locks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from proxy.config.loader import SessionConfig
+from proxy.errors import InvalidRequest
+from proxy.store.base import SessionRef
+
+MAX_SESSION_ID = 256
+ANONYMOUS_TENANT = "anonymous"
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else value.strip()
+
+
+def tenant_of(api_key: str | None) -> str:
+    """A stable, non-reversible tenant id: the same key always maps to the same tenant."""
+    if not api_key:
+        return ANONYMOUS_TENANT
+    return hashlib.sha256(b"ctxproxy-tenant:" + api_key.encode()).hexdigest()[:24]
+
+
+def session_key(
+    config: SessionConfig, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> str | None:
+    """The session id from the configured header, then the fallbacks; validated."""
+    value: Any = headers.get(config.header.lower())
+    for fallback in config.fallbacks:
+        if value:
+            break
+        if fallback == "body.user":
+            value = body.get("user")
+        elif fallback == "body.metadata.session_id":
+            meta = body.get("metadata")
+            value = meta.get("session_id") if isinstance(meta, Mapping) else None
+        elif fallback.startswith("header:"):
+            value = headers.get(fallback[len("header:") :].lower())
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("The session id must be a string.", param="session_id")
+    if len(value) > MAX_SESSION_ID:
+        raise InvalidRequest(
+            f"The session id is {len(value)} characters long; "
+            f"at most {MAX_SESSION_ID} are allowed.",
+            param=config.header,
+            code="invalid_session_id",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidRequest(
+            "The session id must not contain control characters.",
+            param=config.header,
+            code="invalid_session_id",
+        )
+    return value
+
+
+def session_ref(tenant: str, key: str | None) -> SessionRef | None:
+    return SessionRef(tenant=tenant, key=key) if key else None
+
+
+_IDENTITY_KEYS = (
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "function_call",
+    "refusal",
+)
+
+
+def _canonical(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a message that makes it *this* message.
+
+    Clients resend the assistant reply as their SDK shaped it (with
+    ``refusal: null``, ``annotations: []``, ``audio: null``...), so identity
+    ignores empty values and fields that only decorate a reply.
+    """
+    out: dict[str, Any] = {}
+    for key in _IDENTITY_KEYS:
+        value = message.get(key)
+        if value is None or value == "" or value == []:
+            continue
+        if key == "tool_calls" and isinstance(value, list):
+            value = [
+                {
+                    "id": c.get("id"),
+                    "type": c.get("type", "function"),
+                    "function": {
+                        "name": (c.get("function") or {}).get("name"),
+                        "arguments": (c.get("function") or {}).get("arguments"),
+                    },
+                }
+                if isinstance(c, Mapping)
+                else c
+                for c in value
+            ]
+        out[key] = value
+    return out
+
+
+def content_hash(message: Mapping[str, Any]) -> str:
+    data = orjson.dumps(_canonical(message), option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class SessionLocks:
+    """One asyncio lock per session, forgotten when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[SessionRef, tuple[asyncio.Lock, int]] = {}
+
+    async def acquire(self, ref: SessionRef) -> None:
+        lock, users = self._locks.get(ref, (asyncio.Lock(), 0))
+        self._locks[ref] = (lock, users + 1)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._forget(ref)
+            raise
+
+    def release(self, ref: SessionRef) -> None:
+        lock, _ = self._locks[ref]
+        lock.release()
+        self._forget(ref)
+
+    def _forget(self, ref: SessionRef) -> None:
+        lock, users = self._locks[ref]
+        if users <= 1:
+            del self._locks[ref]
+        else:
+            self._locks[ref] = (lock, users - 1)

@@ -1,0 +1,272 @@
+"""``responses: bridge``: the Responses API for upstreams that serve only chat completions.
+
+vLLM, Ollama and llama.cpp servers (and every litellm provider) answer chat
+completions; litellm translates a Responses request to chat completions and
+the answer, streamed or not, back to a Responses object and its typed events.
+The bridge is an ``Upstream`` for ``POST /responses`` only, so the pipeline
+relays what it produces exactly as it relays a native upstream's bytes.
+
+The proxy never sends it a ``previous_response_id`` it could serve (it
+rebuilds stored chains itself), and nobody behind a bridge holds one either:
+such a request is answered as OpenAI answers an unknown id (400,
+``previous_response_not_found``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from proxy.config.loader import UpstreamConfig
+from proxy.errors import UpstreamError
+from proxy.upstream.base import UpstreamRequest
+from proxy.upstream.litellm_support import (
+    Litellm,
+    bearer,
+    error_status,
+    load_litellm,
+    no_answer_error,
+    parse_object,
+    provider_message,
+    retry_after_of,
+    unwrap,
+)
+from proxy.upstream.provider import JsonResponse, error_body
+
+# Responses fields handed on to litellm: an allowlist, for the reason
+# proxy.upstream.provider.CHAT_FIELDS gives (litellm reads other kwargs as its
+# own configuration: api_base, extra_headers, mock_response ...).
+# fmt: off
+RESPONSES_FIELDS = frozenset({
+    "input", "instructions", "tools", "tool_choice", "temperature", "top_p",
+    "max_output_tokens", "parallel_tool_calls", "text", "reasoning", "metadata", "store",
+    "stream", "user", "truncation", "include", "service_tier", "top_logprobs",
+    "safety_identifier", "prompt_cache_key", "max_tool_calls",
+})
+# fmt: on
+
+_JSON = [("content-type", "application/json")]
+_SSE = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+# A key for servers that want none (vLLM, Ollama): litellm's OpenAI client insists on one.
+_NO_KEY = "no-key"
+
+
+def load() -> None:
+    """Import litellm and set it up (seconds, once per process): call off the event loop."""
+    load_litellm()
+    import litellm.responses.main  # noqa: F401  (aresponses' module: the heavy part)
+
+
+class BridgeStream:
+    """litellm's Responses events re-encoded as SSE, one event per chunk as it arrives."""
+
+    status = 200
+
+    def __init__(self, lib: Litellm, stream: Any, first: Any, model: str) -> None:
+        self.headers = list(_SSE)
+        self._lib = lib
+        self._stream = stream
+        self._first = first
+        self._model = model
+        self._closed = False
+        self._conform = EventConformer()
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_chunks()])
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        if self._closed:
+            return
+        try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                yield self._event(first)
+            while True:
+                try:
+                    event = await anext(self._stream, None)
+                except self._lib.errors as exc:
+                    unanswered = no_answer_error(self._lib, exc)
+                    if unanswered is not None:
+                        raise unanswered from exc
+                    message = provider_message(unwrap(exc))
+                    raise UpstreamError(f"The provider stream failed: {message}") from exc
+                if event is None:
+                    return
+                yield self._event(event)
+        finally:
+            await self.close()
+
+    def _event(self, event: Any) -> bytes:
+        data = self._conform(_with_model(orjson.loads(event.model_dump_json()), self._model))
+        kind = str(data.get("type") or "message")
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _with_model(event: dict[str, Any], model: str) -> dict[str, Any]:
+    # The client asked for its own model name; litellm reports the provider's.
+    response = event.get("response")
+    if isinstance(response, dict) and "model" in response:
+        return {**event, "response": {**response, "model": model}}
+    return event
+
+
+class ResponsesBridge:
+    """``POST /responses`` answered by a chat-completions upstream, through litellm."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self._lib = load_litellm()
+        import litellm
+
+        # Typed loosely: its return type depends on ``stream``.
+        self._aresponses: Callable[..., Awaitable[Any]] = litellm.aresponses
+
+    def _target(self, client_model: str) -> tuple[str, str | None]:
+        """The litellm model name and API base for this upstream."""
+        if self.config.litellm_model is not None:
+            return self.config.litellm_model, self.config.api_base
+        # An OpenAI-compatible server: litellm's OpenAI chat client, at its URL.
+        return f"openai/{client_model}", self.config.base_url
+
+    async def send(self, request: UpstreamRequest) -> JsonResponse | BridgeStream:
+        if request.method != "POST" or request.path.rstrip("/") != "/responses":
+            message = f"{request.method} {request.path} is not served by a responses bridge."
+            return JsonResponse(404, error_body(message, 404, "not_found"))
+        body = request.json if request.json is not None else parse_object(request.body)
+        if body is None:
+            return JsonResponse(400, error_body("A JSON request body is required.", 400))
+        previous = body.get("previous_response_id")
+        if previous:
+            message = f"Previous response with id '{previous}' not found."
+            return JsonResponse(400, error_body(message, 400, "previous_response_not_found"))
+        client_model = str(body.get("model") or "")
+        model, api_base = self._target(client_model)
+        kwargs = {k: v for k, v in body.items() if k in RESPONSES_FIELDS}
+        kwargs.setdefault("input", [])
+        api_key = self.config.api_key or bearer(request.headers) or _NO_KEY
+        try:
+            result = await self._aresponses(
+                **kwargs,
+                model=model,
+                api_base=api_base,
+                api_key=api_key,
+                extra_headers=dict(self.config.headers) or None,
+                timeout=self.config.timeout_s,
+                num_retries=0,
+                drop_params=True,
+                use_chat_completions_api=True,
+            )
+        except self._lib.errors as exc:
+            return self._failure(exc)
+        if not kwargs.get("stream"):
+            data = conform_response(orjson.loads(result.model_dump_json()))
+            return JsonResponse(200, orjson.dumps({**data, "model": client_model}))
+        return await self._open_stream(result, client_model)
+
+    async def _open_stream(self, stream: Any, client_model: str) -> JsonResponse | BridgeStream:
+        # The first event before answering: an error the provider sends before
+        # any content must still become a status and a body.
+        try:
+            first = await anext(stream, None)
+        except self._lib.errors as exc:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+            return self._failure(exc)
+        return BridgeStream(self._lib, stream, first, client_model)
+
+    def _failure(self, exc: BaseException) -> JsonResponse:
+        """Relay a provider's error status; raise when there was no answer at all."""
+        unanswered = no_answer_error(self._lib, exc)
+        if unanswered is not None:
+            raise unanswered from exc
+        exc = unwrap(exc)
+        status = error_status(exc)
+        code = "context_length_exceeded" if isinstance(exc, self._lib.context_window) else None
+        headers = list(_JSON)
+        retry_after = retry_after_of(exc)
+        if retry_after is not None:
+            headers.append(("retry-after", retry_after))
+        return JsonResponse(status, error_body(provider_message(exc), status, code), headers)
+
+    async def close(self) -> None:
+        return None
+
+
+# -- litellm's objects in the shapes OpenAI's spec gives them --------------------------
+# litellm fills optional fields with null where the API omits them (``user``,
+# ``text``, ``usage`` while streaming, ``namespace`` on calls) and leaves out
+# some required ones (``logprobs`` on text, ``name`` on arguments.done); SDKs
+# and validators built from the spec reject those, so they are put right here.
+
+# Response fields the spec does not allow to be null: dropped when they are.
+_NOT_NULL = frozenset({"user", "text", "usage", "prompt", "prompt_cache_options", "service_tier"})
+_DEFAULTS: dict[str, Any] = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
+
+
+def conform_response(response: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in response.items() if not (v is None and k in _NOT_NULL)}
+    for key, default in _DEFAULTS.items():
+        if out.get(key) is None:
+            out[key] = default
+    if isinstance(out.get("output"), list):
+        out["output"] = [conform_item(i) if isinstance(i, dict) else i for i in out["output"]]
+    usage = out.get("usage")
+    if isinstance(usage, dict):
+        usage = {k: v for k, v in usage.items() if v is not None}
+        usage.setdefault("input_tokens_details", {"cached_tokens": 0, "cache_write_tokens": 0})
+        usage.setdefault("output_tokens_details", {"reasoning_tokens": 0})
+        out["usage"] = usage
+    return out
+
+
+def conform_item(item: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in item.items() if v is not None or k == "phase"}
+    if isinstance(out.get("content"), list):
+        out["content"] = [conform_part(p) if isinstance(p, dict) else p for p in out["content"]]
+    return out
+
+
+def conform_part(part: dict[str, Any]) -> dict[str, Any]:
+    if part.get("type") != "output_text":
+        return part
+    out = {k: v for k, v in part.items() if v is not None}
+    out.setdefault("annotations", [])
+    out.setdefault("logprobs", [])
+    return out
+
+
+class EventConformer:
+    """``conform_response`` for a stream's events (it remembers each call's name)."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+
+    def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        out = dict(event)
+        if isinstance(out.get("response"), dict):
+            out["response"] = conform_response(out["response"])
+        item = out.get("item")
+        if isinstance(item, dict):
+            out["item"] = conform_item(item)
+            if isinstance(item.get("id"), str) and isinstance(item.get("name"), str):
+                self._names[item["id"]] = item["name"]
+        if isinstance(out.get("part"), dict):
+            out["part"] = conform_part(out["part"])
+        kind = out.get("type")
+        if kind in ("response.output_text.delta", "response.output_text.done"):
+            if out.get("logprobs") is None:
+                out["logprobs"] = []
+        elif kind == "response.function_call_arguments.done" and out.get("name") is None:
+            out["name"] = self._names.get(str(out.get("item_id")), "")
+        return out

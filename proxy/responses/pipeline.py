@@ -1,0 +1,376 @@
+"""POST /v1/responses: the Responses API through the proxy, chains served from our own store.
+
+parse -> route -> previous chain -> session -> policy -> stateless replay ->
+upstream -> relay (+ assemble) -> store. The chat pipeline's steps, over
+items instead of messages (``ChatExchange`` supplies the headers, the request
+row, the log line and the error handling).
+
+``previous_response_id`` naming a response the proxy stored: the chain is
+rebuilt from the store (earlier inputs and outputs, in order; not the
+earlier ``instructions``, as in OpenAI's semantics), the route's policy runs
+over it, and the upstream gets it as explicit ``input`` without
+``previous_response_id``, so its own stored state is never relied on. An id
+the proxy never saw is forwarded untouched (the upstream may hold it), its
+answer relayed and recorded, but not stored as a chain: the proxy does not
+have the context it continues. Another tenant's id is answered as unknown.
+
+Sessions: the header (or its fallbacks) names one; a chained request without
+one inherits its previous response's. A response with neither is filed under
+a session of its own, ``resp:<id>``, which its followers inherit, so
+``previous_response_id`` works for clients that never send a session header;
+unless the client asked ``store: false``, in which case nothing but the
+request row is kept (with a session header the session is kept regardless,
+as for chat completions).
+
+The chain is written before the client gets the end of the answer (the last
+event of a stream), so a follow-up sent the moment it arrives finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from policies.types import Decision, NoneSpec
+from proxy.chat.pipeline import ChatExchange
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
+from proxy.http.sessions import session_key, session_ref
+from proxy.responses.items import ItemCounter, decide, input_items, item_hash, item_role
+from proxy.responses.replay import Replay, ids_of, replay
+from proxy.responses.stream import ResponseAssembler, response_from_body
+from proxy.runtime import Runtime
+from proxy.store.base import (
+    MessageIn,
+    RequestRecord,
+    ResponseIn,
+    SessionRef,
+    StoredItem,
+    StoredResponse,
+)
+from proxy.telemetry.logging import get_logger
+from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamResponse
+
+log = get_logger()
+
+# Responses worth chaining on; failed, cancelled and background (queued) ones are not.
+STORED_STATUSES = frozenset({"completed", "incomplete"})
+
+
+def previous_not_found(response_id: str) -> InvalidRequest:
+    """OpenAI's answer to an unknown ``previous_response_id`` (a 400, not a 404)."""
+    return InvalidRequest(
+        f"Previous response with id '{response_id}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+class ResponsesExchange(ChatExchange):
+    endpoint = "/v1/responses"
+
+    def __init__(self, rt: Runtime, request: Request) -> None:
+        super().__init__(rt, request)
+        self.body: dict[str, Any] = {}
+        self.previous_id: str | None = None
+        self.previous: StoredResponse | None = None
+        # How many leading items of the conversation came from the store.
+        self.chain_len = 0
+        self.item_hashes: list[str] = []
+        self.replay: Replay | None = None
+        self.response_id: str | None = None
+
+    @property
+    def previous_unknown(self) -> bool:
+        return self.previous_id is not None and self.previous is None
+
+    # -- the pipeline ---------------------------------------------------------
+
+    async def _run(self) -> Response:
+        self.raw = await read_body(self.request, self.rt.config.server.max_body_bytes)
+        self.body = parse_object(self.raw)
+        await self.plan(self.body)
+        return await self._send(self.body)
+
+    async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
+        """Route, previous chain, session and the policy's decision (read-only)."""
+        rt = self.rt
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is required and must be a string.", param="model")
+        self.model = model
+        self.stream = body.get("stream") is True
+        items = input_items(body)
+        self.route = rt.router.match(self.endpoint, model, self.request.headers)
+        self.key = session_key(rt.config.session, self.request.headers, body)
+        chain = await self._previous_chain(body.get("previous_response_id"))
+        self.ref = session_ref(self.tenant, self.key)
+        self.chain_len = len(chain)
+        self.conversation = [stored.message for stored in chain] + items
+        self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
+        # An unknown previous response: the upstream holds the context, the
+        # input alone is not it, so there is nothing here to trim.
+        spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
+        started = time.perf_counter()
+        self.decision = decide(
+            spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
+        )
+        self.policy_s = time.perf_counter() - started
+        return self.decision
+
+    async def _previous_chain(self, value: object) -> list[StoredItem]:
+        if value is None:
+            return []
+        if not isinstance(value, str) or not value:
+            raise InvalidRequest(
+                "'previous_response_id' must be a string.", param="previous_response_id"
+            )
+        self.previous_id = value
+        store = self.rt.store
+        self.previous = await store.get_response(self.tenant, value)
+        if self.previous is None:
+            if await store.response_exists(value):
+                # Another tenant's: exactly as unknown to this key as a made-up id.
+                raise previous_not_found(value)
+            return []
+        if self.key is None:
+            self.key = self.previous.session_key
+        return await store.response_chain(self.tenant, value)
+
+    async def _send(self, body: dict[str, Any]) -> Response:
+        rt = self.rt
+        assert self.route is not None and self.decision is not None  # plan() ran
+        config = rt.config.upstreams[self.route.upstream]
+        forwarded, forwarded_json = self._forward(body)
+        upstream: Upstream
+        if config.responses == "bridge":
+            from proxy.responses import bridge
+
+            # litellm takes seconds to import: never on the event loop.
+            await asyncio.to_thread(bridge.load)
+            upstream = bridge.ResponsesBridge(config)
+        else:
+            upstream = rt.upstreams[self.route.upstream]
+        sent = time.perf_counter()
+        response = await upstream.send(
+            UpstreamRequest(
+                method="POST",
+                path="/responses",
+                headers=forward_headers(
+                    self.request.headers.items(), config, rt.config.session.header
+                ),
+                body=forwarded,
+                json=forwarded_json if config.responses == "bridge" else None,
+                stream=self.stream,
+            )
+        )
+        self.upstream_ms = (time.perf_counter() - sent) * 1000
+        is_sse = any(
+            k.lower() == "content-type" and v.startswith("text/event-stream")
+            for k, v in response.headers
+        )
+        if self.stream and response.status == 200 and is_sse:
+            return self._relay_stream(response)
+        return await self._relay_whole(response)
+
+    def _forward(self, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """The body to send, and its parsed form."""
+        d = self.decision
+        assert d is not None
+        replayed = [i < self.chain_len for i in d.kept]
+        known = ids_of(self.conversation[: self.chain_len]) if self.previous else {}
+        self.replay = replay(d.messages, replayed, known)
+        if self.previous is None and not d.changed and not self.replay.changed:
+            # The client's bytes are sacred: nothing to rewrite, forward them as they came.
+            return self.raw, body
+        out = {k: v for k, v in body.items() if k != "previous_response_id"}
+        out["input"] = self.replay.items
+        return orjson.dumps(out), out
+
+    async def _relay_whole(self, response: UpstreamResponse) -> Response:
+        try:
+            content = await response.read()
+        except ProxyError as error:
+            self._finish_failed(error.status, error, upstream_status=response.status)
+            return error_response(error, self._headers())
+        answer = response_from_body(content) if response.status == 200 else None
+        if answer is not None:
+            await self._commit(answer)
+        else:
+            self._finish(response.status, None, upstream_status=response.status)
+        out = Response(content, status_code=response.status)
+        out.raw_headers = relay_headers(response.headers, self._headers())
+        out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        return out
+
+    def _relay_stream(self, response: UpstreamResponse) -> Response:
+        assembler = ResponseAssembler()
+
+        async def relay() -> AsyncIterator[bytes]:
+            error: ProxyError | None = None
+            done = False
+            self.rt.metrics.active_streams.inc()
+            try:
+                async for chunk in response.iter_chunks():
+                    assembler.feed(chunk)
+                    if assembler.final is not None and not done:
+                        done = True
+                        # Stored before the client sees the end: it may chain on it at once.
+                        await self._commit(assembler.final, release=False)
+                    yield chunk
+            except UpstreamError as exc:
+                # Headers are gone already: tell the client in-stream, as OpenAI does.
+                error = exc
+                yield assembler.error_event(exc.body())
+            finally:
+                self.rt.metrics.active_streams.dec()
+                if not done:
+                    # Cut short: what finished is kept, marked incomplete.
+                    partial = assembler.partial()
+                    if partial is not None:
+                        self._spawn(self._commit(partial, incomplete=True, error=error))
+                    else:
+                        self._finish(200, None, upstream_status=200, incomplete=True, error=error)
+                self.rt.release()  # the upstream is no longer needed
+                self._spawn(response.close())
+
+        out = StreamingResponse(relay(), status_code=200)
+        out.raw_headers = relay_headers(response.headers, self._headers())
+        return out
+
+    # -- the record -------------------------------------------------------------
+
+    async def _commit(
+        self,
+        answer: dict[str, Any],
+        *,
+        incomplete: bool = False,
+        error: ProxyError | None = None,
+        release: bool = True,
+    ) -> None:
+        """Record an answer; store its chain when it is one to continue.
+
+        ``release``: the upstream is done with (a stream releases at its end).
+        """
+        response_id = answer.get("id")
+        status = answer.get("status")
+        self.response_id = response_id if isinstance(response_id, str) else None
+        storable = (
+            self.response_id is not None
+            and status in STORED_STATUSES
+            and not self.previous_unknown
+            and (self.key is not None or self.body.get("store") is not False)
+        )
+        if storable and self.key is None:
+            self.key = f"resp:{self.response_id}"
+        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
+        record = self._close(200, 200, usage, incomplete or status == "incomplete", error, release)
+        if isinstance(status, str):
+            record.detail["response_status"] = status
+        if not storable or self.response_id is None or self.key is None:
+            self._spawn(self._write_row(record))
+            return
+        ref = SessionRef(self.tenant, self.key)
+        counter = ItemCounter(self.model or "")
+        conversation = [
+            MessageIn(item, h, item_role(item), counter.count(item, h))
+            for item, h in zip(self.conversation, self.item_hashes, strict=True)
+        ]
+        state = "incomplete" if record.incomplete else "complete"
+        output = []
+        for item in answer.get("output") or ():
+            if isinstance(item, dict):
+                h = item_hash(item)
+                output.append(MessageIn(item, h, item_role(item), counter.count(item, h), state))
+        stored = ResponseIn(
+            id=self.response_id,
+            response=answer,
+            status=str(status),
+            model=self.model,
+            previous_response_id=self.previous_id if self.previous else None,
+        )
+        started = time.perf_counter()
+        try:
+            await self.rt.store.record_response(ref, conversation, output, stored, record)
+        except Exception as exc:
+            # The boundary where a failed write is contained: the client still
+            # gets the upstream's answer; only the chain is lost (and logged).
+            log.error(
+                "response_store_failed", request_id=self.id, response=stored.id, error=repr(exc)
+            )
+            return
+        self.rt.metrics.store_seconds.observe(("write",), time.perf_counter() - started)
+
+    def _finish(
+        self,
+        status: int,
+        reply: dict[str, Any] | None,
+        *,
+        usage: dict[str, Any] | None = None,
+        upstream_status: int | None = None,
+        incomplete: bool = False,
+        error: ProxyError | None = None,
+        failed: bool = False,
+        upstream: UpstreamResponse | None = None,
+    ) -> None:
+        """An answer not stored as a chain (failures included): the request row only."""
+        record = self._close(status, upstream_status, usage, incomplete, error)
+        self._spawn(self._write_row(record, upstream))
+
+    def _close(
+        self,
+        status: int,
+        upstream_status: int | None,
+        usage: dict[str, Any] | None,
+        incomplete: bool,
+        error: ProxyError | None,
+        release: bool = True,
+    ) -> RequestRecord:
+        """The request row, logged and counted; the pinned runtime released."""
+        total_ms = (time.perf_counter() - self.started) * 1000
+        record = self._record(status, upstream_status, usage, incomplete, error, total_ms)
+        record.detail.update(self._detail())
+        self._log(record)
+        self._observe(record)
+        if release:
+            self.rt.release()
+        return record
+
+    def _detail(self) -> dict[str, Any]:
+        detail: dict[str, Any] = {}
+        if self.response_id is not None:
+            detail["response_id"] = self.response_id
+        if self.previous_id is not None:
+            detail["previous_response_id"] = self.previous_id
+            detail["previous_response"] = "unknown" if self.previous_unknown else "stored"
+        if self.replay is not None and self.replay.changed:
+            detail["replay"] = {
+                "reasoning_dropped": self.replay.reasoning_dropped,
+                "ids_stripped": self.replay.ids_stripped,
+                "references_resolved": self.replay.references_resolved,
+            }
+        return detail
+
+    async def _write_row(
+        self, record: RequestRecord, upstream: UpstreamResponse | None = None
+    ) -> None:
+        if upstream is not None:
+            await upstream.close()
+        if self.route is None or self.key is None:
+            return  # as for chat: unrouted and session-less requests are proxied, not stored
+        await self.rt.store.record_exchange(SessionRef(self.tenant, self.key), [], None, record)
+
+    def _spawn(self, coro: Any) -> None:
+        self.rt.background.spawn(coro, name=f"store-{self.id}")
+
+
+async def create_response(request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    # Pinned: a config reload mid-request must not change this request's route or policy.
+    return await ResponsesExchange(rt.pin(), request).run()

@@ -1,0 +1,208 @@
+"""The per-session message cache: a pure memo of content hashes and token counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.context import message_cache as message_cache_module
+from proxy.context.message_cache import MessageCache
+from proxy.context.tokens import counter_for
+from proxy.http.sessions import content_hash
+from proxy.store.base import MessageIn, SessionRef
+
+ALICE = SessionRef("tenant-a", "chat-1")
+GPT4O = counter_for("gpt-4o")
+
+
+def fresh(message: dict[str, Any]) -> MessageIn:
+    """What the cache must return for ``message``: computed from scratch."""
+    key = content_hash(message)
+    return MessageIn(message, key, str(message["role"]), GPT4O.count_message(message, key))
+
+
+def assert_exact(got: list[MessageIn], messages: list[dict[str, Any]]) -> None:
+    assert [(m.content_hash, m.role, m.token_count, m.status) for m in got] == [
+        (f.content_hash, f.role, f.token_count, f.status) for f in map(fresh, messages)
+    ]
+    # What would be stored is the message as sent now, byte for byte.
+    assert [orjson.dumps(m.message) for m in got] == [orjson.dumps(m) for m in messages]
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The messages the cache hashes (cache misses), in order."""
+    seen: list[dict[str, Any]] = []
+
+    def spy(message: dict[str, Any]) -> str:
+        seen.append(message)
+        return content_hash(message)
+
+    monkeypatch.setattr(message_cache_module, "content_hash", spy)
+    return seen
+
+
+def test_a_resent_history_is_hashed_only_for_its_new_messages(hashed):
+    cache = MessageCache()
+    history = [{"role": "system", "content": "be brief"}, user("hi"), assistant("hello")]
+    cache.messages(ALICE, history, GPT4O)
+    assert len(hashed) == 3
+    hashed.clear()
+
+    # The client resends everything (as new objects, parsed from new bytes) plus one message.
+    resent = orjson.loads(orjson.dumps([*history, user("weather?")]))
+    got = cache.messages(ALICE, resent, GPT4O)
+
+    assert hashed == [user("weather?")]
+    assert_exact(got, resent)
+
+
+def test_a_history_that_dropped_its_oldest_turns_is_matched_by_content(hashed):
+    cache = MessageCache()
+    turns = [user("q1"), assistant("a1"), user("q2"), assistant("a2"), user("q3")]
+    cache.messages(ALICE, turns, GPT4O)
+    hashed.clear()
+
+    window = [*turns[2:], assistant("a3"), user("q4")]
+    got = cache.messages(ALICE, window, GPT4O)
+
+    assert hashed == [assistant("a3"), user("q4")]
+    assert_exact(got, window)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # Equal in Python, different JSON: never served from the cache.
+        (1, 1.0),
+        (1, True),
+        (0, False),
+        (0.0, -0.0),
+        (1.0, True),
+    ],
+)
+def test_an_edit_python_calls_equal_is_not_served_from_the_cache(hashed, before, after):
+    def message(value: object) -> dict[str, Any]:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": {"n": value}},
+                }
+            ],
+        }
+
+    cache = MessageCache()
+    cache.messages(ALICE, [user("go"), message(before)], GPT4O)
+    assert message(before) == message(after)  # what a == comparison would have trusted
+    hashed.clear()
+
+    got = cache.messages(ALICE, [user("go"), message(after)], GPT4O)
+
+    assert hashed == [message(after)]
+    assert_exact(got, [user("go"), message(after)])
+
+
+def test_reordered_keys_are_a_miss_and_the_message_is_stored_as_sent_now(hashed):
+    cache = MessageCache()
+    cache.messages(ALICE, [{"role": "user", "content": "hi", "name": "bob"}], GPT4O)
+    hashed.clear()
+    reordered = {"name": "bob", "content": "hi", "role": "user"}
+
+    got = cache.messages(ALICE, [reordered], GPT4O)
+
+    assert hashed == [reordered]
+    assert_exact(got, [reordered])
+
+
+def test_another_models_tokenizer_recounts_but_keeps_the_hashes(hashed):
+    cache = MessageCache()
+    history = [user("Ünïcödé text, counted differently by cl100k and o200k: 日本語で答えて。")]
+    cache.messages(ALICE, history, GPT4O)
+    hashed.clear()
+    gpt4 = counter_for("gpt-4")
+    assert gpt4.encoding_name != GPT4O.encoding_name
+
+    got = cache.messages(ALICE, history, gpt4)
+
+    assert hashed == []
+    key = content_hash(history[0])
+    assert got[0].token_count == gpt4.count_message(history[0], key)
+    assert got[0].token_count != GPT4O.count_message(history[0], key)
+    assert got[0].content_hash == content_hash(history[0])
+
+
+def test_sessions_are_bounded_least_recently_used_first():
+    cache = MessageCache(max_sessions=2)
+    sessions = [SessionRef("t", k) for k in ("a", "b", "c")]
+    for ref in sessions:
+        cache.messages(ref, [user(ref.key)], GPT4O)
+    assert len(cache) == 2
+    assert cache.size == 2 * len(orjson.dumps(user("a")))
+
+
+def test_bytes_held_are_bounded(hashed):
+    one = len(orjson.dumps(user("x" * 100)))
+    cache = MessageCache(max_bytes=2 * one)
+    cache.messages(SessionRef("t", "a"), [user("x" * 100)], GPT4O)
+    cache.messages(SessionRef("t", "b"), [user("y" * 100)], GPT4O)
+    cache.messages(SessionRef("t", "c"), [user("z" * 100)], GPT4O)
+    assert cache.size <= 2 * one and len(cache) == 2
+    # A history bigger than the whole budget is not kept at all.
+    cache.messages(SessionRef("t", "d"), [user("w" * 1000)], GPT4O)
+    hashed.clear()
+    cache.messages(SessionRef("t", "d"), [user("w" * 1000)], GPT4O)
+    assert len(hashed) == 1
+
+
+# Messages that collide under Python's == but not as JSON, and plain ones.
+_values = st.sampled_from([1, 1.0, True, 0, 0.0, -0.0, False, None, "1", "", [], {}])
+_messages = st.one_of(
+    st.builds(user, st.sampled_from(["hi", "hello", "weather?", "Hi"])),
+    st.builds(assistant, st.sampled_from(["hi", "ok", "sure"])),
+    st.builds(
+        lambda v, w: {"role": "user", "content": [{"type": "text", "text": "n", "n": v}], "x": w},
+        _values,
+        _values,
+    ),
+    st.builds(
+        lambda v: {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": v}}}],
+        },
+        _values,
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_messages, max_size=6), min_size=1, max_size=6), st.booleans())
+def test_whatever_a_session_sends_the_cache_answers_as_hashing_afresh_would(calls, two_models):
+    cache = MessageCache()
+    for i, messages in enumerate(calls):
+        # Parsed anew each time, as a request body is.
+        messages = orjson.loads(orjson.dumps(messages))
+        counter = counter_for("gpt-4" if two_models and i % 2 else "gpt-4o")
+        got = cache.messages(ALICE, messages, counter)
+        hashes = [content_hash(m) for m in messages]
+        assert [m.content_hash for m in got] == hashes
+        # Counted as the proxy always counts a session's messages: by content hash.
+        counts = [counter.count_message(m, h) for m, h in zip(messages, hashes, strict=True)]
+        assert [m.token_count for m in got] == counts
+        assert [orjson.dumps(m.message) for m in got] == [orjson.dumps(m) for m in messages]

@@ -1,0 +1,266 @@
+"""A fake OpenAI-compatible upstream that records what it receives.
+
+It answers chat completions in OpenAI's shapes (JSON and SSE), from a FIFO of
+scripted replies or, when the script is empty, with an echo of the last user
+message. Tests assert on ``received`` (what reached the upstream) and on what
+the client got back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    # A raw body to answer with instead (error bodies, odd payloads).
+    body: bytes | None = None
+    # Seconds to wait before answering / between stream chunks.
+    delay: float = 0.0
+    chunk_delay: float = 0.0
+    # Stop a stream after this many chunks and drop the connection.
+    break_after_chunks: int | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+    json: Any
+
+
+@dataclass
+class FakeUpstream:
+    replies: list[Reply] = field(default_factory=list)
+    received: list[Received] = field(default_factory=list)
+    stream_chunks: int = 0
+    ids: Any = field(default_factory=lambda: itertools.count(1))
+    # Raw response bytes sent to the last request, for byte-equality checks.
+    last_response: bytes = b""
+    # usage.prompt_tokens is round(factor * tiktoken's count of the request): 1.0 is
+    # a model tiktoken counts exactly (so the proxy's token calibration stays at 1
+    # in every test); 1.1 is one whose tokenizer tiktoken does not match.
+    prompt_token_factor: float = 1.0
+    # Summarizer calls (ctxproxy marks them with a header) are answered from this
+    # FIFO (a failure status, a delay past the timeout, empty content...), and
+    # when it is empty with a numbered summary that quotes nothing.
+    summary_replies: list[Reply] = field(default_factory=list)
+    summaries_made: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
+        return app
+
+    async def _record(self, request: web.Request) -> Received:
+        raw = await request.read()
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        rec = Received(request.method, request.path, dict(request.headers), raw, data)
+        self.received.append(rec)
+        return rec
+
+    async def models(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        body = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": "gpt-4o", "object": "model", "created": 1, "owned_by": "fake"},
+                    {"id": "gpt-4o-mini", "object": "model", "created": 1, "owned_by": "fake"},
+                ],
+            }
+        )
+        return web.Response(body=body, content_type="application/json")
+
+    async def model(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        name = request.match_info["model"]
+        body = orjson.dumps({"id": name, "object": "model", "created": 1, "owned_by": "fake"})
+        return web.Response(body=body, content_type="application/json")
+
+    def _reply_for(self, data: Any) -> Reply:
+        if self.replies:
+            return self.replies.pop(0)
+        last_user = next(
+            (
+                m.get("content")
+                for m in reversed(data.get("messages") or [])
+                if isinstance(m, dict) and m.get("role") == "user"
+            ),
+            "",
+        )
+        return Reply(content=f"echo: {last_user if isinstance(last_user, str) else 'parts'}")
+
+    @property
+    def chat_requests(self) -> list[Received]:
+        """What reached the upstream for the clients: every request but summarizer calls."""
+        return [r for r in self.received if not is_summarizer_call(r)]
+
+    @property
+    def summarizer_requests(self) -> list[Received]:
+        return [r for r in self.received if is_summarizer_call(r)]
+
+    def _summary_reply(self) -> Reply:
+        self.summaries_made += 1
+        if self.summary_replies:
+            return self.summary_replies.pop(0)
+        return Reply(content=f"## Goal and context\n- fake summary {self.summaries_made}")
+
+    def _prompt_tokens(self, data: dict[str, Any]) -> int:
+        from proxy.context.tokens import counter_for
+
+        messages = [m for m in data.get("messages") or [] if isinstance(m, dict)]
+        counter = counter_for(str(data.get("model") or "gpt-4o"))
+        local = counter.count_messages(messages) + counter.count_request_fixed(data)
+        return round(self.prompt_token_factor * local)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        rec = await self._record(request)
+        data = rec.json if isinstance(rec.json, dict) else {}
+        reply = self._summary_reply() if is_summarizer_call(rec) else self._reply_for(data)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.body is not None or reply.status != 200:
+            body = reply.body or orjson.dumps(
+                {
+                    "error": {
+                        "message": "scripted failure",
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
+            )
+            self.last_response = body
+            return web.Response(status=reply.status, body=body, content_type="application/json")
+        cid = f"chatcmpl-{next(self.ids)}"
+        model = data.get("model", "gpt-4o")
+        prompt_tokens = reply.prompt_tokens or self._prompt_tokens(data)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 5,
+            "total_tokens": prompt_tokens + 5,
+        }
+        if data.get("stream"):
+            return await self._stream(request, reply, cid, model, usage, data)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        body = orjson.dumps(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                    }
+                ],
+                "usage": usage,
+                "system_fingerprint": "fp_fake",
+            }
+        )
+        self.last_response = body
+        return web.Response(
+            body=body, content_type="application/json", headers={"x-request-id": f"req_{cid}"}
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        reply: Reply,
+        cid: str,
+        model: str,
+        usage: dict[str, Any],
+        data: dict[str, Any],
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        sent: list[bytes] = []
+        base = {"id": cid, "object": "chat.completion.chunk", "created": 1, "model": model}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            event = {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            return b"data: " + orjson.dumps(event) + b"\n\n"
+
+        events = [chunk({"role": "assistant", "content": ""})]
+        text = reply.content or ""
+        for i in range(0, len(text), 4):
+            events.append(chunk({"content": text[i : i + 4]}))
+        for n, call in enumerate(reply.tool_calls or []):
+            args = call["function"]["arguments"]
+            events.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": n,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
+            for i in range(0, len(args), 5):
+                events.append(
+                    chunk(
+                        {"tool_calls": [{"index": n, "function": {"arguments": args[i : i + 5]}}]}
+                    )
+                )
+        events.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+        if (data.get("stream_options") or {}).get("include_usage"):
+            events.append(
+                b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+            )
+        events.append(b"data: [DONE]\n\n")
+        for n, event in enumerate(events):
+            if reply.break_after_chunks is not None and n >= reply.break_after_chunks:
+                self.last_response = b"".join(sent)
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            if reply.chunk_delay:
+                await asyncio.sleep(reply.chunk_delay)
+            try:
+                await resp.write(event)
+            except (ConnectionResetError, RuntimeError):
+                break
+            sent.append(event)
+            self.stream_chunks += 1
+        self.last_response = b"".join(sent)
+        await resp.write_eof()
+        return resp
+
+
+def is_summarizer_call(rec: Received) -> bool:
+    """A summary request from ctxproxy's summarizer (it sends this header on each)."""
+    return any(k.lower() == "x-ctxproxy-summarizer" for k in rec.headers)

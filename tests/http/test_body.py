@@ -1,0 +1,73 @@
+"""Request plumbing: the body read straight from ASGI messages, repeated headers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.http.body import read_body
+from tests.harness import query
+
+
+def request(*messages: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None) -> Request:
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+
+    scope = {"type": "http", "method": "POST", "headers": headers or [], "path": "/"}
+    return Request(scope, receive)
+
+
+def chunk(body: bytes, more: bool) -> dict[str, Any]:
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+async def test_a_body_in_several_messages_is_read_whole():
+    r = request(chunk(b'{"a":', True), chunk(b"", True), chunk(b" 1}", False))
+    assert await read_body(r, 100) == b'{"a": 1}'
+
+
+async def test_a_body_in_one_message_is_returned_as_is():
+    body = b'{"model": "gpt-4o"}'
+    assert await read_body(request(chunk(body, False)), 100) is body
+
+
+async def test_an_empty_body_is_empty():
+    assert await read_body(request({"type": "http.request"}), 100) == b""
+
+
+async def test_a_body_over_the_limit_is_refused_while_streaming():
+    r = request(chunk(b"x" * 60, True), chunk(b"x" * 60, False))
+    with pytest.raises(PayloadTooLarge):
+        await read_body(r, 100)
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_reading():
+    r = request(headers=[(b"content-length", b"101")])  # no message to read at all
+    with pytest.raises(PayloadTooLarge):
+        await read_body(r, 100)
+
+
+async def test_a_client_gone_before_the_end_of_its_body_is_a_bad_request():
+    r = request(chunk(b"{", True), {"type": "http.disconnect"})
+    with pytest.raises(InvalidRequest, match="disconnected"):
+        await read_body(r, 100)
+
+
+def test_a_repeated_session_header_is_read_from_its_first_occurrence(fake, start_proxy, tmp_path):
+    proxy = start_proxy()
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+        headers=[("X-Session-Id", "first"), ("X-Session-Id", "second")],
+    )
+    assert response.headers["x-session-id"] == "first"
+    proxy.drain()
+    assert [r["key"] for r in query(tmp_path / "ctxproxy.db", "SELECT key FROM sessions")] == [
+        "first"
+    ]
