@@ -12,7 +12,8 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from proxy.config.loader import Config, load_config
+from proxy.config.loader import load_config
+from proxy.config.model import Config
 from proxy.errors import ConfigError
 
 

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.chat.pipeline import chat_completions
-from proxy.config.loader import Config
+from proxy.config.model import Config
 from proxy.context.model_info import context_window, offline_environment
 from proxy.errors import InvalidRequest, NotFound, ProxyError
 from proxy.http.body import error_response, forward_headers, relay_headers

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from proxy.background import Background
-from proxy.config.loader import Config, UpstreamConfig
+from proxy.config.model import Config, UpstreamConfig
 from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.rewriter import Rewriter

@@ -19,7 +19,8 @@ import uvicorn
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.config.loader import Config, parse_config
+from proxy.config.loader import parse_config
+from proxy.config.model import Config
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from policies.types import Decision, SummarizeSpec
 from proxy.chat.policy_step import choose_mode, summarize
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
-from proxy.config.loader import RouteConfig
+from proxy.config.model import RouteConfig
 from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError

@@ -15,7 +15,7 @@ from typing import Any
 
 from policies.modes import MODES, ModeChoice, select
 from policies.types import ContextTooLong, Decision, Message, SummarizeSpec
-from proxy.config.loader import RouteConfig
+from proxy.config.model import RouteConfig
 from proxy.context.summaries import SummaryContext, SummaryOutcome, build_summarizer
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.runtime import Runtime

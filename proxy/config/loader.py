@@ -7,199 +7,36 @@ module that reads the environment (``os.environ/NAME`` references).
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.model import (
+    ENV_PREFIX,
+    AdminConfig,
+    Config,
+    LoggingConfig,
+    RouteConfig,
+    RouteMatch,
+    ServerConfig,
+    SessionConfig,
+    StoreConfig,
+    UpstreamConfig,
+)
+from proxy.config.node import ANY, Node, duration, show
 from proxy.config.summarize import (
     BUILTIN_MODES,
-    ModesConfig,
     check_route_policy,
     route_modes,
     summarize_policy,
 )
 from proxy.errors import ConfigError
 
-ENV_PREFIX = "os.environ/"
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
-
-@dataclass(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    header: str = "X-Session-Id"
-    # Where else to look, in order: "body.user", "body.metadata.session_id".
-    fallbacks: tuple[str, ...] = ()
-    # session.ttl in seconds: sessions idle longer are deleted. None: kept forever.
-    ttl_s: float | None = None
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    path: str = "./data/ctxproxy.db"
-
-
-@dataclass(frozen=True)
-class UpstreamConfig:
-    name: str
-    # An OpenAI-compatible upstream has a base URL ...
-    base_url: str | None = None
-    # ... or names a litellm model that translates to another provider.
-    litellm_model: str | None = None
-    api_base: str | None = None
-    # None: forward the client's own Authorization header.
-    api_key: str | None = field(default=None, repr=False)
-    timeout_s: float = 600.0
-    connect_timeout_s: float = 10.0
-    headers: Mapping[str, str] = field(default_factory=dict)
-    # How /v1/responses reaches it: "native" forwards to its own /responses;
-    # "bridge" translates to chat completions and back (litellm_model: always).
-    responses: Literal["native", "bridge"] = "native"
-
-
-@dataclass(frozen=True)
-class RouteMatch:
-    path: str = "/v1/chat/completions"
-    model: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RouteConfig:
-    name: str
-    match: RouteMatch
-    upstream: str
-    policy: str
-    history: Literal["client", "server"] = "client"
-    # How a request may switch between the context modes (None: it may not).
-    modes: ModesConfig | None = None
-
-
-@dataclass(frozen=True)
-class LoggingConfig:
-    level: str = "info"
-    # "auto": JSON when stdout is not a TTY, console otherwise.
-    format: Literal["auto", "json", "console"] = "auto"
-
-
-@dataclass(frozen=True)
-class AdminConfig:
-    # None: the admin API is disabled (every /admin call is a 401).
-    api_key: str | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class Config:
-    upstreams: Mapping[str, UpstreamConfig]
-    routes: tuple[RouteConfig, ...]
-    policies: Mapping[str, PolicySpec]
-    server: ServerConfig = ServerConfig()
-    session: SessionConfig = SessionConfig()
-    store: StoreConfig = StoreConfig()
-    logging: LoggingConfig = LoggingConfig()
-    admin: AdminConfig = AdminConfig()
-    source: str | None = None
-
-
-class _Node:
-    """A mapping being read, with the path used in error messages."""
-
-    def __init__(self, path: str, value: Any, allowed: set[str]) -> None:
-        if value is None:
-            value = {}
-        if not isinstance(value, Mapping):
-            raise ConfigError(path, f"must be a mapping, got {_show(value)}")
-        unknown = sorted(str(k) for k in value if k not in allowed)
-        if unknown:
-            where = f"{path}.{unknown[0]}" if path else unknown[0]
-            raise ConfigError(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
-        self.path = path
-        self.value: Mapping[str, Any] = value
-
-    def at(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def has(self, key: str) -> bool:
-        return key in self.value and self.value[key] is not None
-
-    def raw(self, key: str) -> Any:
-        return self.value.get(key)
-
-    def text(self, key: str, default: str | None = None, *, env: bool = False) -> str | None:
-        if not self.has(key):
-            return default
-        value = self.value[key]
-        if not isinstance(value, str):
-            raise ConfigError(self.at(key), f"must be a string, got {_show(value)}")
-        if env and value.startswith(ENV_PREFIX):
-            name = value[len(ENV_PREFIX) :]
-            resolved = os.environ.get(name)
-            if not resolved:
-                raise ConfigError(self.at(key), f"environment variable {name} is not set")
-            return resolved
-        return value
-
-    def required_str(self, key: str) -> str:
-        value = self.text(key)
-        if value is None:
-            raise ConfigError(self.at(key), "is required")
-        return value
-
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int | None:
-        if not self.has(key):
-            return default
-        value = self.value[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.at(key), f"must be an integer, got {_show(value)}")
-        if value < minimum:
-            raise ConfigError(self.at(key), f"must be >= {minimum}, got {value}")
-        return value
-
-    def number(
-        self, key: str, default: float | None = None, *, low: float = 0.0, high: float | None = None
-    ) -> float | None:
-        if not self.has(key):
-            return default
-        value = self.value[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(self.at(key), f"must be a number, got {_show(value)}")
-        if value <= low or (high is not None and value > high):
-            bound = f"> {low}" + (f" and <= {high}" if high is not None else "")
-            raise ConfigError(self.at(key), f"must be {bound}, got {value}")
-        return float(value)
-
-    def str_map(self, key: str) -> dict[str, str]:
-        value = self.raw(key) or {}
-        if not isinstance(value, Mapping):
-            raise ConfigError(self.at(key), f"must be a mapping, got {_show(value)}")
-        out: dict[str, str] = {}
-        for k, v in value.items():
-            if not isinstance(v, str):
-                raise ConfigError(f"{self.at(key)}.{k}", f"must be a string, got {_show(v)}")
-            out[str(k)] = v
-        return out
-
-    def child(self, key: str, allowed: set[str]) -> _Node:
-        return _Node(self.at(key), self.raw(key), allowed)
-
-
-def _show(value: Any) -> str:
-    return repr(value) if not isinstance(value, Mapping | list) else type(value).__name__
-
-
-def _server(node: _Node) -> ServerConfig:
+def _server(node: Node) -> ServerConfig:
     d = ServerConfig()
     return ServerConfig(
         host=node.text("host", d.host) or d.host,
@@ -209,12 +46,10 @@ def _server(node: _Node) -> ServerConfig:
     )
 
 
-def _session(node: _Node) -> SessionConfig:
+def _session(node: Node) -> SessionConfig:
     fallbacks = node.raw("fallbacks") or []
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
-        raise ConfigError(
-            node.at("fallbacks"), f"must be a list of strings, got {_show(fallbacks)}"
-        )
+        raise ConfigError(node.at("fallbacks"), f"must be a list of strings, got {show(fallbacks)}")
     for i, f in enumerate(fallbacks):
         if f not in ("body.user", "body.metadata.session_id") and not f.startswith("header:"):
             raise ConfigError(
@@ -224,28 +59,11 @@ def _session(node: _Node) -> SessionConfig:
     return SessionConfig(
         header=node.text("header", "X-Session-Id") or "X-Session-Id",
         fallbacks=tuple(fallbacks),
-        ttl_s=_duration(node, "ttl"),
+        ttl_s=duration(node, "ttl"),
     )
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _duration(node: _Node, key: str) -> float | None:
-    """A duration like ``30m``, ``12h`` or ``7d`` (also ``s``), in seconds."""
-    if not node.has(key):
-        return None
-    value = node.raw(key)
-    found = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
-    if found is None or float(found.group(1)) <= 0:
-        raise ConfigError(
-            node.at(key), f"must be a positive duration like 30m, 12h or 7d, got {_show(value)}"
-        )
-    return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
-
-
-def _admin(node: _Node) -> AdminConfig:
+def _admin(node: Node) -> AdminConfig:
     raw = node.raw("api_key")
     if raw is None:
         return AdminConfig()
@@ -257,7 +75,7 @@ def _admin(node: _Node) -> AdminConfig:
     return AdminConfig(api_key=node.text("api_key", env=True))
 
 
-def _upstream(name: str, node: _Node) -> UpstreamConfig:
+def _upstream(name: str, node: Node) -> UpstreamConfig:
     base_url = node.text("base_url")
     model = node.text("litellm_model")
     if (base_url is None) == (model is None):
@@ -285,15 +103,15 @@ def _upstream(name: str, node: _Node) -> UpstreamConfig:
     )
 
 
-def _policy(name: str, node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> PolicySpec:
+def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> PolicySpec:
     strategy = node.text("strategy")
     if strategy == "summarize":
         return summarize_policy(node, base_dir, upstreams)
     if strategy in (None, "none"):
-        _Node(node.path, node.value, {"strategy"})
+        Node(node.path, node.value, {"strategy"})
         return NoneSpec()
     if strategy == "trim":
-        node = _Node(
+        node = Node(
             node.path,
             node.value,
             {
@@ -323,7 +141,7 @@ def _policy(name: str, node: _Node, base_dir: Path, upstreams: Mapping[str, Any]
 
 
 def _route(
-    index: int, node: _Node, config_upstreams: Mapping[str, Any], pols: Mapping[str, Any]
+    index: int, node: Node, config_upstreams: Mapping[str, Any], pols: Mapping[str, Any]
 ) -> RouteConfig:
     match = node.child("match", {"path", "model", "headers"})
     upstream = node.required_str("upstream")
@@ -348,7 +166,7 @@ def _route(
 
 
 def parse_config(data: Any, source: str | None = None) -> Config:
-    root = _Node(
+    root = Node(
         "",
         data,
         {"server", "session", "store", "upstreams", "routes", "policies", "logging", "admin"},
@@ -359,7 +177,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     upstreams = {
         str(name): _upstream(
             str(name),
-            _Node(
+            Node(
                 f"upstreams.{name}",
                 body,
                 {
@@ -378,13 +196,13 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     }
     raw_policies = root.raw("policies") or {}
     if not isinstance(raw_policies, Mapping):
-        raise ConfigError("policies", f"must be a mapping, got {_show(raw_policies)}")
+        raise ConfigError("policies", f"must be a mapping, got {show(raw_policies)}")
     # Built in: passthrough and the three context modes (the file may redefine a mode).
     policies: dict[str, PolicySpec] = {"passthrough": NoneSpec(), **BUILTIN_MODES}
     # A summarizer's prompt_file is relative to the config file.
     base_dir = Path(source).parent if source else Path.cwd()
     for name, body in raw_policies.items():
-        node = _Node(f"policies.{name}", body, _ANY)
+        node = Node(f"policies.{name}", body, ANY)
         policies[str(name)] = _policy(str(name), node, base_dir, upstreams)
     raw_routes = root.raw("routes")
     if not isinstance(raw_routes, list) or not raw_routes:
@@ -392,7 +210,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     routes = tuple(
         _route(
             i,
-            _Node(f"routes[{i}]", r, {"name", "match", "upstream", "policy", "history", "modes"}),
+            Node(f"routes[{i}]", r, {"name", "match", "upstream", "policy", "history", "modes"}),
             upstreams,
             policies,
         )
@@ -417,16 +235,6 @@ def parse_config(data: Any, source: str | None = None) -> Config:
         admin=_admin(root.child("admin", {"api_key"})),
         source=source,
     )
-
-
-class _AnyKeys(set[str]):
-    """Allowed-keys marker for nodes whose keys are checked later by their parser."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
-_ANY = _AnyKeys()
 
 
 def load_config(path: str | Path) -> Config:

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from policies.modes import MODES, ModeRule
 from policies.types import PolicySpec, SummarizerSpec, SummarizeSpec
+from proxy.config.model import ModesConfig
+from proxy.config.node import Node
 from proxy.errors import ConfigError
-
-if TYPE_CHECKING:
-    from proxy.config.loader import _Node
 
 # Built in, like `passthrough`; a policy of the same name in the file replaces one.
 BUILTIN_MODES: Mapping[str, PolicySpec] = dict(MODES)
@@ -42,18 +40,8 @@ SUMMARIZE_KEYS = frozenset(
 SUMMARIZER_KEYS = frozenset({"model", "upstream", "max_tokens", "prompt_file", "timeout_s"})
 
 
-@dataclass(frozen=True)
-class ModesConfig:
-    """A route's `modes`: may the request pick one (header), and rules on its latest message."""
-
-    header: bool = False
-    rules: tuple[ModeRule, ...] = ()
-
-
-def summarize_policy(node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> SummarizeSpec:
-    from proxy.config.loader import _Node
-
-    node = _Node(node.path, node.value, set(SUMMARIZE_KEYS))
+def summarize_policy(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> SummarizeSpec:
+    node = Node(node.path, node.value, set(SUMMARIZE_KEYS))
     trigger = node.child("trigger", {"turns", "tokens"})
     turns = trigger.integer("turns", minimum=1)
     tokens = trigger.integer("tokens", minimum=1)
@@ -101,7 +89,7 @@ def summarize_policy(node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) 
     )
 
 
-def _summarizer(node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> SummarizerSpec:
+def _summarizer(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> SummarizerSpec:
     upstream = node.text("upstream")
     if upstream is not None and upstream not in upstreams:
         raise ConfigError(node.at("upstream"), f"names no configured upstream: {upstream!r}")
@@ -129,7 +117,7 @@ def _summarizer(node: _Node, base_dir: Path, upstreams: Mapping[str, Any]) -> Su
     )
 
 
-def check_route_policy(node: _Node, path: str, spec: PolicySpec) -> None:
+def check_route_policy(node: Node, path: str, spec: PolicySpec) -> None:
     """Summaries are made for chat completions; a Responses route cannot use one (yet)."""
     if isinstance(spec, SummarizeSpec) and fnmatchcase("/v1/responses", path):
         raise ConfigError(
@@ -139,7 +127,7 @@ def check_route_policy(node: _Node, path: str, spec: PolicySpec) -> None:
         )
 
 
-def route_modes(node: _Node) -> ModesConfig | None:
+def route_modes(node: Node) -> ModesConfig | None:
     """A route's ``modes``: None when the route has none."""
     if not node.has("modes"):
         return None
@@ -152,9 +140,7 @@ def route_modes(node: _Node) -> ModesConfig | None:
         raise ConfigError(modes.at("rules"), "must be a list of {match, mode}")
     rules = []
     for i, raw in enumerate(raw_rules):
-        from proxy.config.loader import _Node
-
-        rule = _Node(f"{modes.at('rules')}[{i}]", raw, {"match", "mode"})
+        rule = Node(f"{modes.at('rules')}[{i}]", raw, {"match", "mode"})
         pattern = rule.required_str("match")
         mode = rule.required_str("mode")
         if mode not in MODES:

@@ -42,7 +42,7 @@ from policies.types import (
     SummaryTask,
 )
 from proxy.background import Background
-from proxy.config.loader import UpstreamConfig
+from proxy.config.model import UpstreamConfig
 from proxy.context.summarizer import (
     EXTRACTIVE_MODEL,
     ExtractiveSummarizer,

@@ -9,7 +9,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.config.loader import UpstreamConfig
+from proxy.config.model import UpstreamConfig
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
 
 # Client headers never forwarded: they describe this hop, or belong to us.

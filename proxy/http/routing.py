@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping
 from fnmatch import translate
 
-from proxy.config.loader import Config, RouteConfig
+from proxy.config.model import Config, RouteConfig
 from proxy.errors import NotFound
 
 # A compiled glob: fnmatchcase's semantics, without its per-call cache lookup.

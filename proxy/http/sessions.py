@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config.loader import SessionConfig
+from proxy.config.model import SessionConfig
 from proxy.errors import InvalidRequest
 from proxy.store.base import SessionRef
 

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from proxy.config.loader import StoreConfig
+from proxy.config.model import StoreConfig
 from proxy.ops.admin_views import export_lines, ndjson, session_detail, session_list
 from proxy.ops.replay_cli import run_replay
 from proxy.store.base import SessionRef, Store

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from proxy.config.loader import Config, load_config
+from proxy.config.loader import load_config
+from proxy.config.model import Config
 from proxy.context.model_info import context_window
 from proxy.context.rewriter import Rewriter
 from proxy.errors import ConfigError

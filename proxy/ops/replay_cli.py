@@ -19,7 +19,8 @@ from typing import TextIO
 import orjson
 
 from policies.types import Decision, Message, SummarizeSpec
-from proxy.config.loader import Config, load_config
+from proxy.config.loader import load_config
+from proxy.config.model import Config
 from proxy.context.offline_summaries import OfflineSummaries
 from proxy.context.summarizer import EXTRACTIVE_MODEL
 from proxy.errors import ConfigError

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config.loader import UpstreamConfig
+from proxy.config.model import UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.base import UpstreamRequest
 from proxy.upstream.litellm_support import (

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config.loader import UpstreamConfig
+from proxy.config.model import UpstreamConfig
 from proxy.context.summaries import build_summarizer
 from proxy.context.summarizer import (
     DEFAULT_PROMPT,

@@ -1,0 +1,104 @@
+"""The config's typed objects: frozen dataclasses, built once by the loader."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from policies.modes import ModeRule
+from policies.types import PolicySpec
+
+ENV_PREFIX = "os.environ/"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ModesConfig:
+    """A route's `modes`: may the request pick one (header), and rules on its latest message."""
+
+    header: bool = False
+    rules: tuple[ModeRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    header: str = "X-Session-Id"
+    # Where else to look, in order: "body.user", "body.metadata.session_id".
+    fallbacks: tuple[str, ...] = ()
+    # session.ttl in seconds: sessions idle longer are deleted. None: kept forever.
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str = "./data/ctxproxy.db"
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    name: str
+    # An OpenAI-compatible upstream has a base URL ...
+    base_url: str | None = None
+    # ... or names a litellm model that translates to another provider.
+    litellm_model: str | None = None
+    api_base: str | None = None
+    # None: forward the client's own Authorization header.
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # How /v1/responses reaches it: "native" forwards to its own /responses;
+    # "bridge" translates to chat completions and back (litellm_model: always).
+    responses: Literal["native", "bridge"] = "native"
+
+
+@dataclass(frozen=True)
+class RouteMatch:
+    path: str = "/v1/chat/completions"
+    model: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    name: str
+    match: RouteMatch
+    upstream: str
+    policy: str
+    history: Literal["client", "server"] = "client"
+    # How a request may switch between the context modes (None: it may not).
+    modes: ModesConfig | None = None
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "info"
+    # "auto": JSON when stdout is not a TTY, console otherwise.
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    # None: the admin API is disabled (every /admin call is a 401).
+    api_key: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Config:
+    upstreams: Mapping[str, UpstreamConfig]
+    routes: tuple[RouteConfig, ...]
+    policies: Mapping[str, PolicySpec]
+    server: ServerConfig = ServerConfig()
+    session: SessionConfig = SessionConfig()
+    store: StoreConfig = StoreConfig()
+    logging: LoggingConfig = LoggingConfig()
+    admin: AdminConfig = AdminConfig()
+    source: str | None = None
