@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.store import sqlite as sqlite_module
+from proxy.store import sqlite_jobs
 from proxy.store.base import MessageIn, SessionRef, chain_path_hashes
 from proxy.store.chains import ChainCache
 from proxy.store.sqlite import SqliteStore
@@ -39,13 +39,13 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 def lookups(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The path hashes each job looked up in SQLite."""
     seen: list[list[str]] = []
-    real = sqlite_module._select_ids
+    real = sqlite_jobs.select_ids
 
     def spy(conn: sqlite3.Connection, session_id: int, hashes: Sequence[str]) -> dict[str, int]:
         seen.append(list(hashes))
         return real(conn, session_id, hashes)
 
-    monkeypatch.setattr(sqlite_module, "_select_ids", spy)
+    monkeypatch.setattr(sqlite_jobs, "select_ids", spy)
     return seen
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.store import sqlite as sqlite_module
+from proxy.store import sqlite_jobs
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
 from proxy.store.migrations import MIGRATIONS, migrate, split_statements
 from proxy.store.sqlite import SqliteStore
@@ -113,7 +113,7 @@ async def test_failure_after_items_were_inserted_rolls_back_everything(
         seen_inside.append(conn.execute("SELECT COUNT(*) FROM items").fetchone())
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(sqlite_module, "_insert_request", explode)
+    monkeypatch.setattr(sqlite_jobs, "insert_request", explode)
     bob = SessionRef("tenant-b", "new")
     with pytest.raises(RuntimeError, match="disk on fire"):
         await store.record_exchange(ALICE, [SYSTEM, U1, A1, U2], msg("assistant", "x"), req())
@@ -203,7 +203,7 @@ async def test_items_keep_the_raw_message_json_and_queryable_columns(
 
 
 async def test_prefix_lookup_spans_several_chunks(db_path: Path) -> None:
-    long = [msg("user", f"m{i}") for i in range(3 * sqlite_module._CHUNK + 7)]
+    long = [msg("user", f"m{i}") for i in range(3 * sqlite_jobs.CHUNK + 7)]
     writer = SqliteStore(db_path)
     await writer.open()
     await writer.record_exchange(ALICE, long, None, req())

@@ -1,0 +1,275 @@
+"""The SQLite store's write jobs: plain functions the writer runs inside its transaction.
+
+Each takes the writer's connection last, so :class:`~proxy.store.sqlite.SqliteStore`
+binds its arguments with ``functools.partial`` and hands the job to the writer;
+each exchange gets its own savepoint there (proxy/store/writer.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.store.base import (
+    ExchangeResult,
+    MessageIn,
+    RequestRecord,
+    ResponseIn,
+    SessionRef,
+    chain_path_hashes,
+    dropped_item_ids,
+    request_row,
+)
+from proxy.store.chains import Prefix
+
+
+def dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+# Well under SQLite's bound-variable limit (999 on old builds).
+CHUNK = 500
+
+_INSERT_ITEM = """
+    INSERT INTO items (session_id, parent_id, path_hash, content_hash, role,
+        token_count, status, message_json, created_at)
+    VALUES (?, (SELECT id FROM items WHERE session_id = ? AND path_hash = ?),
+        ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (session_id, path_hash) DO NOTHING
+"""
+
+_UPSERT_RESPONSE = """
+    INSERT INTO responses (id, tenant, session_id, head_item_id, input_head_item_id,
+        previous_response_id, model, status, response_json, created_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (tenant, id) DO UPDATE SET
+        session_id = excluded.session_id, head_item_id = excluded.head_item_id,
+        input_head_item_id = excluded.input_head_item_id,
+        previous_response_id = excluded.previous_response_id, model = excluded.model,
+        status = excluded.status, response_json = excluded.response_json,
+        created_at = excluded.created_at
+"""
+
+
+def record(
+    session: SessionRef | None,
+    conversation: Sequence[MessageIn],
+    reply: MessageIn | None,
+    request: RequestRecord,
+    prefix: Prefix | None,
+    conn: sqlite3.Connection,
+) -> ExchangeResult | None:
+    now = time.time()
+    created_at = request.created_at or now
+    if session is None or prefix is None:
+        session_id = None if session is None else _session_id(conn, session)
+        insert_request(conn, request, session_id, created_at, session=session)
+        return None if session_id is None else ExchangeResult(session_id, [], None, 0)
+
+    chain = [*conversation, *([reply] if reply is not None else [])]
+    session_id, head = _touch_session(conn, session, now)
+    # Cached ids hold only if the session is the one they were stored in.
+    known = prefix.known_ids if session_id == prefix.session_id else ()
+    ids, missing = store_chain(conn, session_id, chain, prefix.path_hashes, now, known_ids=known)
+    if ids[-1] != head:
+        conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
+    item_ids = ids[: len(conversation)]
+    reply_id = ids[-1] if reply is not None else None
+    insert_request(
+        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    new_messages = sum(1 for i in missing if i < len(conversation))
+    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+
+
+def _session_id(conn: sqlite3.Connection, session: SessionRef) -> int | None:
+    row = conn.execute(
+        "SELECT id FROM sessions WHERE tenant = ? AND key = ?", (session.tenant, session.key)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _touch_session(
+    conn: sqlite3.Connection, session: SessionRef, now: float
+) -> tuple[int, int | None]:
+    """The session's id and head, made if new, its ``updated_at`` now.
+
+    What ``_upsert_session`` does, a third cheaper for a session that exists
+    (the common case): one indexed update instead of a failed insert and an update.
+    """
+    row = conn.execute(
+        "UPDATE sessions SET updated_at = ? WHERE tenant = ? AND key = ?"
+        " RETURNING id, head_item_id",
+        (now, session.tenant, session.key),
+    ).fetchone()
+    if row is not None:
+        return int(row[0]), row[1]
+    return _upsert_session(conn, session, now), None
+
+
+def _upsert_session(conn: sqlite3.Connection, session: SessionRef, now: float) -> int:
+    row = conn.execute(
+        "INSERT INTO sessions (tenant, key, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (tenant, key) DO UPDATE SET updated_at = excluded.updated_at"
+        " RETURNING id",
+        (session.tenant, session.key, now, now),
+    ).fetchone()
+    if row is None:  # cannot happen: an upsert with RETURNING always yields its row
+        raise RuntimeError("session upsert returned no row")
+    return int(row[0])
+
+
+def store_chain(
+    conn: sqlite3.Connection,
+    session_id: int,
+    chain: Sequence[MessageIn],
+    hashes: Sequence[str],
+    now: float,
+    *,
+    known_ids: Sequence[int] = (),
+) -> tuple[list[int], list[int]]:
+    """Item ids for the whole chain, inserting what is missing; and the missing positions.
+
+    ``known_ids``: the ids of the chain's first items, known to be stored in
+    this session (they need no lookup).
+    """
+    shared = len(known_ids)
+    # One lookup for the rest of the chain: a resent history is mostly known.
+    found = select_ids(conn, session_id, hashes[shared:]) if shared < len(hashes) else {}
+    missing = [i for i in range(shared, len(hashes)) if hashes[i] not in found]
+    if missing:
+        # In chain order, so each parent exists by the time its child is inserted.
+        rows = [
+            (
+                session_id,
+                session_id,
+                hashes[i - 1] if i else None,
+                hashes[i],
+                chain[i].content_hash,
+                chain[i].role,
+                chain[i].token_count,
+                chain[i].status,
+                dumps(chain[i].message),
+                now,
+            )
+            for i in missing
+        ]
+        conn.executemany(_INSERT_ITEM, rows)
+        found.update(select_ids(conn, session_id, [hashes[i] for i in missing]))
+    return [*known_ids, *(found[h] for h in hashes[shared:])], missing
+
+
+def select_ids(conn: sqlite3.Connection, session_id: int, hashes: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(hashes), CHUNK):
+        chunk = hashes[start : start + CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        rows = conn.execute(
+            f"SELECT path_hash, id FROM items WHERE session_id = ? AND path_hash IN ({marks})",
+            (session_id, *chunk),
+        )
+        found.update({row[0]: row[1] for row in rows})
+    return found
+
+
+def insert_request(
+    conn: sqlite3.Connection,
+    request: RequestRecord,
+    session_id: int | None,
+    created_at: float,
+    *,
+    session: SessionRef | None = None,
+    item_ids: Sequence[int] = (),
+    reply_id: int | None = None,
+) -> None:
+    row = request_row(
+        request,
+        session_id=session_id,
+        tenant=session.tenant if session else request.tenant,
+        session_key=session.key if session else request.session_key,
+        dropped_item_ids=dropped_item_ids(request, item_ids),
+        first_item_id=item_ids[0] if item_ids else None,
+        last_item_id=item_ids[-1] if item_ids else None,
+        reply_item_id=reply_id,
+        created_at=created_at,
+    )
+    usage, detail = row.pop("usage"), row.pop("detail")
+    row["usage_json"] = None if usage is None else dumps(usage)
+    row["detail_json"] = dumps(detail)
+    row["dropped_indexes"] = dumps(row["dropped_indexes"])
+    row["dropped_item_ids"] = dumps(row["dropped_item_ids"])
+    try:
+        # Positional parameters: binding 31 of them by name costs a third more.
+        conn.execute(_insert_request_sql(tuple(row)), tuple(row.values()))
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+            raise ValueError(f"request id already stored: {request.id!r}") from exc
+        raise
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_request_sql(columns: tuple[str, ...]) -> str:
+    marks = ", ".join("?" * len(columns))
+    return f"INSERT INTO requests ({', '.join(columns)}) VALUES ({marks})"
+
+
+def delete_rows(
+    requests: str, sessions: str, params: tuple[Any, ...], conn: sqlite3.Connection
+) -> list[int]:
+    """Both deletes in one transaction; items and linked requests go by cascade."""
+    conn.execute(requests, params)
+    return [int(row[0]) for row in conn.execute(sessions, params).fetchall()]
+
+
+def record_response(
+    session: SessionRef,
+    conversation: Sequence[MessageIn],
+    output: Sequence[MessageIn],
+    response: ResponseIn,
+    request: RequestRecord,
+    conn: sqlite3.Connection,
+) -> ExchangeResult:
+    now = time.time()
+    created_at = request.created_at or now
+    chain = [*conversation, *output]
+    session_id = _upsert_session(conn, session, now)
+    ids: list[int] = []
+    missing: list[int] = []
+    if chain:
+        hashes = chain_path_hashes([m.content_hash for m in chain])
+        ids, missing = store_chain(conn, session_id, chain, hashes, now)
+        conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
+    item_ids = ids[: len(conversation)]
+    reply_id = ids[-1] if output else None
+    conn.execute(
+        _UPSERT_RESPONSE,
+        (
+            response.id,
+            session.tenant,
+            session_id,
+            ids[-1] if ids else None,
+            item_ids[-1] if item_ids else None,
+            response.previous_response_id,
+            response.model,
+            response.status,
+            dumps(response.response),
+            created_at,
+        ),
+    )
+    insert_request(
+        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    new_messages = sum(1 for i in missing if i < len(conversation))
+    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+
+
+def delete_response(tenant: str, response_id: str, conn: sqlite3.Connection) -> bool:
+    cursor = conn.execute(
+        "DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id)
+    )
+    return cursor.rowcount > 0
