@@ -17,6 +17,7 @@ from policies.types import NoneSpec, PolicySpec, TrimSpec
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
+    CacheConfig,
     Config,
     LoggingConfig,
     RouteConfig,
@@ -100,6 +101,20 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
+        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+    )
+
+
+def _cache(node: Node) -> CacheConfig:
+    breakpoints = node.text("breakpoints", "auto")
+    if breakpoints not in ("auto", "off"):
+        raise ConfigError(node.at("breakpoints"), f"must be auto or off, got {breakpoints!r}")
+    key = node.text("prompt_cache_key", "session")
+    if key not in ("session", "off"):
+        raise ConfigError(node.at("prompt_cache_key"), f"must be session or off, got {key!r}")
+    return CacheConfig(
+        breakpoints="off" if breakpoints == "off" else "auto",
+        prompt_cache_key="off" if key == "off" else "session",
     )
 
 
@@ -189,6 +204,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
                     "connect_timeout_s",
                     "headers",
                     "responses",
+                    "cache",
                 },
             ),
         )
