@@ -193,7 +193,9 @@ class ResponsesExchange(ChatExchange):
         self.replay = replay(d.messages, replayed, known)
         assert self.route is not None
         config = self.rt.config.upstreams[self.route.upstream]
-        self.cache = cache_hints(config, self.ref, body, []) if config.base_url else None
+        # A chain the upstream holds (an id the proxy never saw) is forwarded untouched.
+        hinted = config.base_url is not None and not self.previous_unknown
+        self.cache = cache_hints(config, self.ref, body, []) if hinted else None
         key = self.cache.prompt_cache_key if self.cache is not None else None
         if self.previous is None and not d.changed and not self.replay.changed:
             # The client's bytes are sacred: nothing to rewrite, forward them as they
