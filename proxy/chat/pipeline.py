@@ -302,6 +302,8 @@ class ChatExchange:
             h["x-context-turns-dropped"] = str(d.turns_dropped)
             if d.clipped:
                 h["x-context-tool-outputs-clipped"] = str(len(d.clipped))
+            if d.masked:
+                h["x-context-tool-outputs-masked"] = str(len(d.masked))
             if d.reason:
                 h["x-context-trim-reason"] = d.reason
         if self.stable_prefix is not None:
@@ -452,6 +454,16 @@ class ChatExchange:
                 ],
                 **d.extra,
             }
+            if d.masked:
+                # Positions in the conversation as received, as for ``clipped``.
+                record.detail["masked"] = [
+                    {
+                        "index": m.index,
+                        "tokens_before": m.tokens_before,
+                        "tokens_after": m.tokens_after,
+                    }
+                    for m in d.masked
+                ]
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
         if self.cache is not None and self.cache.sent:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.masking import mask_spec
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
@@ -123,8 +124,8 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
     if strategy == "summarize":
         return summarize_policy(node, base_dir, upstreams)
     if strategy in (None, "none"):
-        Node(node.path, node.value, {"strategy"})
-        return NoneSpec()
+        node = Node(node.path, node.value, {"strategy", "mask_tool_outputs"})
+        return NoneSpec(mask_tool_outputs=mask_spec(node))
     if strategy == "trim":
         node = Node(
             node.path,
@@ -136,6 +137,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
                 "context_fraction",
                 "low_water",
                 "tool_output_max_tokens",
+                "mask_tool_outputs",
             },
         )
         spec = TrimSpec(
@@ -144,6 +146,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
             context_fraction=node.number("context_fraction", high=1.0),
             low_water=node.number("low_water", high=1.0),
             tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
+            mask_tool_outputs=mask_spec(node),
         )
         if spec.max_turns is None and spec.max_tokens is None and spec.context_fraction is None:
             raise ConfigError(

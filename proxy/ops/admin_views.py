@@ -182,6 +182,7 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
             "repaired": detail.get("repaired", []),
         },
         "clipped": detail.get("clipped", []),
+        "masked": detail.get("masked", []),
         "summarized": summarized_view(row),
         "fallback": detail.get("fallback"),
         "latency_ms": {"total": row["total_ms"], "upstream": row["upstream_ms"]},

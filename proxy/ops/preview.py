@@ -45,6 +45,11 @@ def decision_view(d: Decision, messages_before: int) -> dict[str, Any]:
             {"index": c.index, "tokens_before": c.tokens_before, "tokens_after": c.tokens_after}
             for c in d.clipped
         ],
+        # Tool results forwarded as a placeholder (mask_tool_outputs); stored in full.
+        "masked": [
+            {"index": m.index, "tokens_before": m.tokens_before, "tokens_after": m.tokens_after}
+            for m in d.masked
+        ],
         # Upstream tokens per local token applied to the budget (1.0: none).
         "calibration": d.extra.get("calibration", 1.0),
         "extra": {k: v for k, v in d.extra.items() if k != "calibration"},
