@@ -48,6 +48,9 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
+from proxy.telemetry.logging import get_logger
+
+log = get_logger()
 
 # Sessions deleted per script call by the sweep, so no call blocks Redis for long.
 _SWEEP_BATCH = 200
@@ -67,6 +70,7 @@ class RedisStore:
         ttl_s: float | None = None,
         expire_grace_s: float | None = None,
         max_connections: int = 64,
+        timeout_s: float = 5.0,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -77,6 +81,7 @@ class RedisStore:
             expire_grace_s = min(300.0, ttl_s / 10) + 60.0
         self.expire_grace_s = expire_grace_s or 0.0
         self.max_connections = max_connections
+        self.timeout_s = timeout_s
         self._chains = ChainCache()
         self._client: Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
@@ -88,9 +93,14 @@ class RedisStore:
         return str(max(1, round((self.ttl_s + self.expire_grace_s) * 1000)))
 
     async def open(self) -> None:
-        client = Redis.from_url(self.url, max_connections=self.max_connections)
+        client = Redis.from_url(
+            self.url,
+            max_connections=self.max_connections,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+        )
         try:
-            info = await client.info("server")
+            info = await client.info()
         except (RedisError, OSError) as exc:
             await client.aclose()
             raise RedisStoreError(
@@ -103,6 +113,10 @@ class RedisStore:
                 f"store: Redis at {codec.safe_url(self.url)} is {info.get('redis_version')};"
                 " the Redis store needs 7.0 or newer"
             )
+        policy = info.get("maxmemory_policy", "noeviction")
+        if policy != "noeviction":
+            # An evicted key is part of a session gone: history, counts and rows disagree.
+            log.warning("redis_store_evicts_keys", maxmemory_policy=policy, wanted="noeviction")
         sources = {name: getattr(scripts, name) for name in _WRITE_SCRIPTS}
         sources |= {name: getattr(queries, name) for name in _READ_SCRIPTS}
         self._scripts = {name: client.register_script(src) for name, src in sources.items()}
