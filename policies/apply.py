@@ -28,7 +28,8 @@ def apply(
     A spec with ``mask_tool_outputs`` decides over the masked view
     (:mod:`policies.mask`): same positions, old tool output as placeholders.
     """
-    mask = spec.mask_tool_outputs if isinstance(spec, TrimSpec | NoneSpec) else None
+    # Trimming masks at its budget crossings itself (policies.trim.masked_replay).
+    mask = spec.mask_tool_outputs if isinstance(spec, NoneSpec) else None
     if mask is not None:
         view = mask_tool_outputs(messages, mask, count)
         if view.masked:

@@ -70,10 +70,16 @@ def turn_of(messages: Sequence[Message]) -> list[int]:
 
 
 def growth(messages: Sequence[Message]) -> list[list[Message]]:
-    """Every request an agent would send: each prefix that ends at a user or tool message."""
-    return [
-        list(messages[: i + 1]) for i, m in enumerate(messages) if m["role"] in ("user", "tool")
-    ]
+    """Every request an agent would send: each prefix that ends at a user message or at
+    the last result of a round of tool calls (never between two results of one round)."""
+    out = []
+    for i, m in enumerate(messages):
+        last_result = m["role"] == "tool" and (
+            i + 1 == len(messages) or messages[i + 1]["role"] != "tool"
+        )
+        if m["role"] == "user" or last_result:
+            out.append(list(messages[: i + 1]))
+    return out
 
 
 @SETTINGS
@@ -189,3 +195,32 @@ def test_placeholder_reads_like_the_issue():
         "content": f"[tool output of {tokens:,} tokens omitted: HTTP 200 OK]",
     }
     assert view.masked[0].index == 2 and view.horizon == 1
+
+
+@SETTINGS
+@given(agent_conversation(), SPECS, st.integers(1500, 8000), st.sampled_from([None, 0.7]))
+def test_with_a_budget_masks_move_only_where_the_budget_is_crossed(messages, spec, limit, low):
+    trim = TrimSpec(max_tokens=limit, low_water=low, mask_tool_outputs=spec)
+    previous: Any = None
+    previous_request: list[Message] = []
+    for request in growth(messages):
+        try:
+            decision = apply(request, trim, simple_count, Budget(limit=limit))
+        except Exception as exc:
+            assert type(exc).__name__ == "ContextTooLong"
+            previous = None
+            continue
+        assert unpaired(decision.messages) == set()
+        masked = {m.index for m in decision.masked}
+        if previous is not None:
+            before_masked = {m.index for m in previous.masked}
+            same = decision.turns_dropped == previous.turns_dropped and masked == before_masked
+            appended = request[len(previous_request) :]
+            if same:
+                # Nothing moved: the previous forwarded list is this one's prefix.
+                assert decision.messages[: len(previous.messages)] == previous.messages
+            else:
+                # Something moved only because keeping everything would cross the budget.
+                kept_all = [*previous.messages, *appended]
+                assert sum(map(simple_count, kept_all)) > limit
+        previous, previous_request = decision, request
