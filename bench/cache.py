@@ -214,32 +214,31 @@ def print_table(name: str, rows: list[tuple[str, Tally]], markdown: bool) -> Non
     if markdown:
         print(f"\n**{name}**\n")
         print(
-            "| policy | requests | prompt tokens sent | cached | uncached | cached share "
+            "| policy | requests (refused) | prompt tokens sent | cached | uncached | cached share "
             "| effective cost (cached at 1/10) | vs passthrough | at 1/4 |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label, t in rows:
             print(
-                f"| {label} | {t.requests} | {t.sent:,} | {t.cached:,} | {t.uncached:,} "
+                f"| {label} | {t.requests} ({t.refused}) | {t.sent:,} | {t.cached:,} | {t.uncached:,} "
                 f"| {t.share:.1%} | {t.cost():,.0f} | {t.cost() / base:.0%} "
                 f"| {t.cost(QUARTER):,.0f} |"
             )
         return
     print(f"\n== {name}")
     header = (
-        f"{'policy':44} {'reqs':>5} {'sent':>11} {'cached':>11} {'uncached':>10} "
+        f"{'policy':44} {'reqs':>5} {'refus':>5} {'sent':>11} {'cached':>11} {'uncached':>10} "
         f"{'cached%':>7} {'cost/10':>11} {'vs pass':>7} {'cost/4':>11}"
     )
     print(header)
     print("-" * len(header))
     for label, t in rows:
         print(
-            f"{label:44} {t.requests:5d} {t.sent:11,d} {t.cached:11,d} {t.uncached:10,d} "
+            f"{label:44} {t.requests:5d} {t.refused:5d} {t.sent:11,d} {t.cached:11,d} {t.uncached:10,d} "
             f"{t.share:7.1%} {t.cost():11,.0f} {t.cost() / base:7.0%} {t.cost(QUARTER):11,.0f}"
         )
-    refused = sum(t.refused for _, t in rows)
-    if refused:
-        print(f"({refused} requests refused as too long for a budget, left out)")
+    if any(t.refused for _, t in rows):
+        print("refus: requests refused as too long for the budget (a 400), left out of the sums")
 
 
 def check(label: str, ok: bool, detail: str) -> bool:
