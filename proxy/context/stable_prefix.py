@@ -18,9 +18,11 @@ another instance) reports 0, as it does for a session's first request.
 from __future__ import annotations
 
 import operator
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import compress
+from typing import Any
 
 from policies.types import Decision, Message
 from proxy.http.sessions import content_hash
@@ -35,14 +37,39 @@ def forwarded_keys(
     kept = decision.kept
     if len(kept) == len(messages):
         # Trimming and masking forward kept messages in order, some replaced by copies.
-        keys = list(map(hashes.__getitem__, kept))
-        sources = map(conversation.__getitem__, kept)
-        for j in compress(range(len(keys)), map(operator.is_not, messages, sources)):
-            keys[j] = content_hash(messages[j])
+        keys = take(hashes, kept)
+        sources = take(conversation, kept)
+        if messages == sources:  # in C, by identity first: nothing was replaced
+            return keys
+        # The copies a policy makes are the ones it reports (clipped, masked): a few.
+        for index in (*(c.index for c in decision.clipped), *(m.index for m in decision.masked)):
+            j = bisect_left(kept, index)
+            if j < len(kept) and kept[j] == index:
+                keys[j] = content_hash(messages[j])
+                sources[j] = messages[j]
+        if messages != sources:
+            # Anything else a policy replaced without saying so: find it.
+            for j in compress(range(len(keys)), map(operator.is_not, messages, sources)):
+                keys[j] = content_hash(messages[j])
         return keys
     # A summary (or another made message) sits between the kept ones: look up by object.
     by_id = dict(zip(map(id, conversation), hashes, strict=True))
     return [by_id.get(id(m)) or content_hash(m) for m in messages]
+
+
+def take(values: Sequence[Any], indexes: Sequence[int]) -> list[Any]:
+    """``[values[i] for i in indexes]`` (ascending): a few leading ones, then one slice.
+
+    A policy keeps the system messages and then one run of the newest turns,
+    so all but a handful of indexes are one contiguous run, copied in C.
+    """
+    n = len(indexes)
+    if not n:
+        return []
+    # indexes[j] - j grows with j and is at its largest over the final run.
+    run = bisect_left(range(n), indexes[-1] - (n - 1), key=lambda j: indexes[j] - j)
+    head = [values[i] for i in indexes[:run]]
+    return head + list(values[indexes[run] : indexes[-1] + 1])
 
 
 def common_prefix(previous: Sequence[str], current: Sequence[str]) -> int:
