@@ -1,7 +1,9 @@
 """The Store backends every store contract test runs against, and what those tests share.
 
-``store`` (the SQLite store and the in-memory fake, one test run each) and
-``clock`` are fixtures, registered for the whole suite by tests/conftest.py.
+``store`` (the SQLite store, the in-memory fake and a real PostgreSQL, one
+test run each) and ``clock`` are fixtures, registered for the whole suite by
+tests/conftest.py. Each PostgreSQL store lives in a schema of its own,
+dropped when the store closes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +21,30 @@ import pytest
 
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.memory import MemoryStore
+from proxy.store.postgres import PostgresStore
 from proxy.store.sqlite import SqliteStore
+from tests.servers import RUN, require_postgres
 
-BACKENDS = ["sqlite", "memory"]
+BACKENDS = ["sqlite", "memory", "postgres"]
 ALICE = SessionRef("tenant-a", "chat-1")
 
 
+class ScratchPostgresStore(PostgresStore):
+    """A PostgreSQL store in a fresh schema of this test run, dropped on close."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, schema=f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}", **options)
+
+    async def close(self) -> None:
+        pool = self._pool
+        if pool is not None:
+            await pool.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        await super().close()
+
+
 def make_store(backend: str, directory: Path) -> Store:
+    if backend == "postgres":
+        return ScratchPostgresStore(require_postgres(), pool_size=4)
     # A nested directory: the SQLite store must create it.
     return SqliteStore(directory / "db" / "store.sqlite") if backend == "sqlite" else MemoryStore()
 
