@@ -102,7 +102,7 @@ def create_app(
 ) -> Starlette:
     offline_environment()
     if store is None:
-        store = build_store_for(config.store)
+        store = build_store_for(config)
     calibration = Calibration()
     runtime = Runtime(
         config=config,

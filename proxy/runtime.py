@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from proxy.background import Background
-from proxy.config.model import Config, StoreConfig, UpstreamConfig
+from proxy.config.model import Config, UpstreamConfig
 from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.rewriter import Rewriter
@@ -40,11 +40,16 @@ def build_upstream(config: UpstreamConfig) -> Upstream:
     )
 
 
-def build_store_for(config: StoreConfig) -> Store:
+def build_store_for(config: Config) -> Store:
     """The store the config's ``store`` section names (proxy/store/backends.py)."""
+    store = config.store
     return build_store(
         StoreSpec(
-            path=config.path, url=config.url, pool_size=config.pool_size, schema=config.schema
+            path=store.path,
+            url=store.url,
+            pool_size=store.pool_size,
+            schema=store.schema,
+            ttl_s=config.session.ttl_s,
         )
     )
 

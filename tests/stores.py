@@ -1,9 +1,10 @@
 """The Store backends every store contract test runs against, and what those tests share.
 
-``store`` (the SQLite store, the in-memory fake and a real PostgreSQL, one
-test run each) and ``clock`` are fixtures, registered for the whole suite by
-tests/conftest.py. Each PostgreSQL store lives in a schema of its own,
-dropped when the store closes.
+``store`` (the SQLite store, the in-memory fake, a real Redis and a real
+PostgreSQL, one test run each) and ``clock`` are fixtures, registered for the
+whole suite by tests/conftest.py. Each Redis store works under a key prefix
+of its own, deleted when the store closes; each PostgreSQL store in a schema
+of its own, dropped when the store closes.
 """
 
 from __future__ import annotations
@@ -22,11 +23,27 @@ import pytest
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.postgres import PostgresStore
+from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
-from tests.servers import RUN, require_postgres
+from tests.servers import RUN, require_postgres, require_redis
 
-BACKENDS = ["sqlite", "memory", "postgres"]
+BACKENDS = ["sqlite", "memory", "redis", "postgres"]
 ALICE = SessionRef("tenant-a", "chat-1")
+
+
+class ScratchRedisStore(RedisStore):
+    """A Redis store under a key prefix of its own, every key of which is deleted on close."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, prefix=f"ctxtest:{uuid.uuid4().hex}:", **options)
+
+    async def close(self) -> None:
+        client = self._client
+        if client is not None:
+            keys = [key async for key in client.scan_iter(match=self.prefix + "*", count=1000)]
+            if keys:
+                await client.unlink(*keys)
+        await super().close()
 
 
 class ScratchPostgresStore(PostgresStore):
@@ -43,6 +60,8 @@ class ScratchPostgresStore(PostgresStore):
 
 
 def make_store(backend: str, directory: Path) -> Store:
+    if backend == "redis":
+        return ScratchRedisStore(require_redis())
     if backend == "postgres":
         return ScratchPostgresStore(require_postgres(), pool_size=4)
     # A nested directory: the SQLite store must create it.

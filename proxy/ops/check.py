@@ -16,6 +16,10 @@ from proxy.store.backends import SHARED, backend_name
 LIMITS: dict[str, tuple[str, ...]] = {
     "sqlite": (),
     "postgresql": (),
+    "redis": (
+        "the store does not check session-lock fencing tokens (PostgreSQL does): a holder"
+        " whose lease ran out could still write after the next holder",
+    ),
 }
 
 

@@ -1,8 +1,9 @@
 """Which Store a config names: the one place a store URL's scheme picks a backend.
 
 ``store.path`` (no ``url``): SQLite, the default. ``store.url``:
-``postgresql://`` (or ``postgres://``) for PostgreSQL; each further backend
-adds its scheme to ``SCHEMES`` and a branch to ``build_store``. Imports are
+``postgresql://`` (or ``postgres://``) for PostgreSQL, ``redis://``
+(``rediss://``, ``unix://``) for Redis; each further backend adds its scheme
+to ``SCHEMES`` and a branch to ``build_store``. Imports are
 lazy so a proxy on SQLite never loads asyncpg or redis.
 """
 
@@ -34,6 +35,8 @@ class StoreSpec:
     url: str | None = None
     pool_size: int = 10
     schema: str | None = None
+    # session.ttl: the Redis store gives every session's keys a native expiry.
+    ttl_s: float | None = None
 
 
 def backend_name(url: str | None) -> str:
@@ -55,7 +58,10 @@ def build_store(spec: StoreSpec) -> Store:
         assert spec.url is not None
         return PostgresStore(spec.url, pool_size=spec.pool_size, schema=spec.schema)
     if backend == "redis":
-        raise ValueError("the Redis store is not part of this build")
+        from proxy.store.redis import RedisStore
+
+        assert spec.url is not None
+        return RedisStore(spec.url, ttl_s=spec.ttl_s)
     from proxy.store.sqlite import SqliteStore
 
     return SqliteStore(spec.path)

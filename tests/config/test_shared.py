@@ -16,6 +16,7 @@ from proxy.ops.check import describe, redact
 from proxy.runtime import build_store_for
 from proxy.store.backends import backend_name
 from proxy.store.postgres import PostgresStore
+from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 from tests.config.test_config import base
 
@@ -25,7 +26,7 @@ PG = "postgresql://ctx:secret@db.internal:5432/ctxproxy"
 def test_sqlite_stays_the_default_store() -> None:
     config = parse_config(base())
     assert (config.store.url, config.store.path) == (None, "./data/ctxproxy.db")
-    assert isinstance(build_store_for(config.store), SqliteStore)
+    assert isinstance(build_store_for(config), SqliteStore)
     assert config.coordination.redis_url is None
 
 
@@ -36,10 +37,23 @@ def test_a_postgresql_url_selects_the_postgresql_store_with_its_pool_and_schema(
             coordination={"redis_url": "redis://127.0.0.1:6379/0"},
         )
     )
-    store = build_store_for(config.store)
+    store = build_store_for(config)
     assert isinstance(store, PostgresStore)
     assert (store.url, store.pool_size, store.schema) == (PG, 4, "ctx")
     assert backend_name("postgres://x/y") == "postgresql"
+
+
+def test_a_redis_url_selects_the_redis_store_with_the_session_ttl() -> None:
+    config = parse_config(
+        base(
+            store={"url": "redis://127.0.0.1:6379/1"},
+            session={"ttl": "2h"},
+            coordination={"redis_url": "redis://127.0.0.1:6379/0"},
+        )
+    )
+    store = build_store_for(config)
+    assert isinstance(store, RedisStore)
+    assert (store.url, store.ttl_s) == ("redis://127.0.0.1:6379/1", 7200.0)
 
 
 def test_the_store_url_may_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
