@@ -27,7 +27,15 @@ from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
-from proxy.http.sessions import bearer_token, content_hash, session_key, session_ref, tenant_of
+from proxy.http.sessions import (
+    bearer_token,
+    content_hash,
+    header_value,
+    session_key,
+    session_ref,
+    tenant_of,
+)
+from proxy.http.shape import check_chat, check_chat_history
 from proxy.runtime import Runtime
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
 from proxy.telemetry.logging import get_logger
@@ -40,30 +48,10 @@ log = get_logger()
 _ID_PREFIX = os.urandom(6).hex()
 _ID_COUNTER = itertools.count(1)
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
 
 def validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if messages is None:
-        raise InvalidRequest(
-            "'messages' is required.", param="messages", code="missing_required_parameter"
-        )
-    if not isinstance(messages, list):
-        raise InvalidRequest("'messages' must be an array.", param="messages", code="invalid_type")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(
-                f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
-            )
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
-                param=f"messages[{i}].role",
-                code="invalid_value",
-            )
-    return messages
+    """The body's shape (proxy/http/shape.py); its messages."""
+    return check_chat(body)
 
 
 class ChatExchange:
@@ -147,7 +135,9 @@ class ChatExchange:
             started = time.perf_counter()
             stored = await rt.store.history(self.ref)
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
-            self.conversation = [item.message for item in stored] + messages
+            history = [item.message for item in stored]
+            check_chat_history(history, self.ref.key)
+            self.conversation = history + messages
 
         counts: list[int] | None = None
         if self.ref is not None:
@@ -228,10 +218,11 @@ class ChatExchange:
         usage: dict[str, Any] | None = None
         if response.status == 200:
             reply, usage = reply_from_completion(content)
-        self._finish(response.status, reply, usage=usage, upstream_status=response.status)
+        # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        self._finish(response.status, reply, usage=usage, upstream_status=response.status)
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
@@ -269,7 +260,7 @@ class ChatExchange:
     def _headers(self) -> dict[str, str]:
         h = {"x-ctxproxy-request-id": self.id}
         if self.key is not None:
-            h["x-session-id"] = self.key
+            h["x-session-id"] = header_value(self.key)
         if self.route is not None:
             h["x-context-policy"] = self.policy or self.route.policy
         if self.mode is not None:

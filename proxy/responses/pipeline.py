@@ -42,6 +42,7 @@ from proxy.chat.pipeline import ChatExchange
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
+from proxy.http.shape import check_responses
 from proxy.responses.items import ItemCounter, decide, input_items, item_hash, item_role
 from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
@@ -101,6 +102,7 @@ class ResponsesExchange(ChatExchange):
     async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
         """Route, previous chain, session and the policy's decision (read-only)."""
         rt = self.rt
+        check_responses(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a string.", param="model")
@@ -200,13 +202,14 @@ class ResponsesExchange(ChatExchange):
             self._finish_failed(error.status, error, upstream_status=response.status)
             return error_response(error, self._headers())
         answer = response_from_body(content) if response.status == 200 else None
+        # The headers first: nothing is recorded for an answer that could not be sent.
+        out = Response(content, status_code=response.status)
+        out.raw_headers = relay_headers(response.headers, self._headers())
+        out.raw_headers.append((b"content-length", str(len(content)).encode()))
         if answer is not None:
             await self._commit(answer)
         else:
             self._finish(response.status, None, upstream_status=response.status)
-        out = Response(content, status_code=response.status)
-        out.raw_headers = relay_headers(response.headers, self._headers())
-        out.raw_headers.append((b"content-length", str(len(content)).encode()))
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
