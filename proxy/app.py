@@ -17,6 +17,7 @@ from starlette.routing import Route
 from proxy.chat.pipeline import chat_completions
 from proxy.config.model import Config
 from proxy.context.model_info import context_window, offline_environment
+from proxy.context.tokens import preload_encodings
 from proxy.errors import InvalidRequest, NotFound, ProxyError
 from proxy.http.body import error_response, forward_headers, relay_headers
 from proxy.http.guard import ErrorGuard
@@ -108,6 +109,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         await runtime.store.open()
+        # The bundled encodings take a second to load: in a thread now, not on a request.
+        await asyncio.to_thread(preload_encodings)
         if runtime.rewriter.needs_model_info():
             # Import litellm's model map now, off the event loop, not on a request.
             await asyncio.to_thread(context_window, "gpt-4o")

@@ -11,10 +11,11 @@ inside the pipeline. Fields the proxy does not read are left to the upstream
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.errors import InvalidRequest
+from proxy.store.base import StoredItem
 
 # Nesting allowed in a body. orjson reads 1,024 levels but writes only 254;
 # the proxy wraps stored values a few levels deeper (exports, request rows),
@@ -192,15 +193,21 @@ def check_responses(body: Mapping[str, Any]) -> None:
             _objects(item, "content", f"{at}.")
 
 
-def check_chat_history(history: list[dict[str, Any]], session: str) -> None:
-    """A stored history a chat request can replay: chat messages only.
+def check_chat_history(history: Sequence[StoredItem], session: str) -> list[int]:
+    """A stored history a chat request can replay; the positions to leave out of it.
 
     A session the Responses API wrote holds items (function calls, outputs,
     output messages with typed parts) that chat completions cannot take as
     messages. Rather than translate them by guesswork, such a session is
     refused with a 400 that names the conflict; its items stay as stored.
+
+    A reply that is not a whole answer (a cut or stalled stream, one without
+    ``[DONE]``, an assistant message with neither content nor tool calls)
+    stays stored, marked, and is left out of what is forwarded.
     """
-    for message in history:
+    left_out: list[int] = []
+    for i, item in enumerate(history):
+        message = item.message
         role = message.get("role")
         if "type" in message or not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(
@@ -210,3 +217,27 @@ def check_chat_history(history: list[dict[str, Any]], session: str) -> None:
                 param="session_id",
                 code="session_conflict",
             )
+        if role == "assistant" and (item.status != "complete" or empty_reply(message)):
+            left_out.append(i)
+    return left_out
+
+
+def empty_reply(message: Mapping[str, Any]) -> bool:
+    """An assistant message that says nothing: no content, tool calls, function call or refusal."""
+    return not (
+        message.get("content")
+        or message.get("tool_calls")
+        or message.get("function_call")
+        or message.get("refusal")
+    )
+
+
+def valid_reply(message: dict[str, Any]) -> bool:
+    """An upstream's assistant message has the shape a later request could replay."""
+    if message.get("role", "assistant") != "assistant":
+        return False
+    try:
+        _message({**message, "role": "assistant"}, "reply")
+    except InvalidRequest:
+        return False
+    return True

@@ -39,11 +39,19 @@ from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, NoneSpec
 from proxy.chat.pipeline import ChatExchange
+from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
 from proxy.http.shape import check_responses
-from proxy.responses.items import ItemCounter, decide, input_items, item_hash, item_role
+from proxy.responses.items import (
+    ItemCounter,
+    chat_view,
+    decide,
+    input_items,
+    item_hash,
+    item_role,
+)
 from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
 from proxy.runtime import Runtime
@@ -116,6 +124,9 @@ class ResponsesExchange(ChatExchange):
         self.chain_len = len(chain)
         self.conversation = [stored.message for stored in chain] + items
         self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
+        if len(self.raw) >= LONG_TEXT:
+            # Long texts are counted in a worker thread first: no stall for the others.
+            await counter_for(model).precount(map(chat_view, self.conversation))
         # An unknown previous response: the upstream holds the context, the
         # input alone is not it, so there is nothing here to trim.
         spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
@@ -209,7 +220,13 @@ class ResponsesExchange(ChatExchange):
         if answer is not None:
             await self._commit(answer)
         else:
-            self._finish(response.status, None, upstream_status=response.status)
+            invalid = None
+            if response.status == 200:
+                invalid = UpstreamError(
+                    "The upstream's 200 answer is not a response object.",
+                    code="upstream_invalid_response",
+                )
+            self._finish(response.status, None, upstream_status=response.status, error=invalid)
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
@@ -281,6 +298,8 @@ class ResponsesExchange(ChatExchange):
             return
         ref = SessionRef(self.tenant, self.key)
         counter = ItemCounter(self.model or "")
+        outputs = [o for o in answer.get("output") or () if isinstance(o, dict)]
+        await counter.counter.precount(map(chat_view, outputs))
         conversation = [
             MessageIn(item, h, item_role(item), counter.count(item, h))
             for item, h in zip(self.conversation, self.item_hashes, strict=True)
