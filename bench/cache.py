@@ -306,8 +306,10 @@ def main(argv: Sequence[str] = ()) -> int:
         print_table(name, rows, markdown)
         results[name.split(" ")[0]] = dict(rows)
     ok = targets(results["locomo-dev"], results["tau-airline-dev"])
-    print(f"\n{time.perf_counter() - started:.1f} s")
-    return 0 if ok else 1
+    print(f"\n{'all targets met' if ok else 'some targets NOT met (above)'}")
+    print(f"{time.perf_counter() - started:.1f} s")
+    # A measurement, not a gate: `make bench` runs every bench whatever they find.
+    return 0
 
 
 if __name__ == "__main__":
