@@ -31,11 +31,10 @@ def _store_options(p: argparse.ArgumentParser) -> None:
     where.add_argument("--db", help="path to the SQLite file")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m proxy")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_commands(sub: Any) -> None:
+    """``sessions`` and ``replay``, added to the command line's subcommands."""
     sessions = sub.add_parser("sessions", help="list, show, delete or export stored sessions")
-    actions = sessions.add_subparsers(dest="action", required=True)
+    actions = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
     ls = actions.add_parser("list", help="sessions, most recent activity first")
     _store_options(ls)
     ls.add_argument("--tenant", help="only this tenant's sessions")
@@ -63,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--index", type=int, help="replay only the N-th conversation of the file")
     rp.add_argument("--jsonl", action="store_true", help="one JSON object per turn")
     rp.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctxproxy")
+    add_commands(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
@@ -264,7 +268,11 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
-    ns = _parser().parse_args(list(argv))
+    return run(_parser().parse_args(list(argv)), out, err)
+
+
+def run(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run a parsed ``sessions`` or ``replay`` command."""
     out = out or sys.stdout
     err = err or sys.stderr
     if ns.command == "sessions":
