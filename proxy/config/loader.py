@@ -324,6 +324,20 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data, source=str(path), problems=duplicates)
 
 
+def store_path(data: Any, source: str | Path) -> str:
+    """Only the file's ``store.path`` (its ``os.environ/`` and relative path resolved).
+
+    What the session commands need, without the rest of the file: resolving
+    it all would demand every secret it names (upstream and admin keys).
+    """
+    with collecting(Path(source).absolute().parent):
+        raw = data.get("store") if isinstance(data, Mapping) else None
+        path = raw.get("path") if isinstance(raw, Mapping) else None
+        store = Node("store", {"path": resolve_env(path, "store.path")}, ANY)
+        resolved = store.path_value("path", StoreConfig.path)
+    return resolved or StoreConfig.path
+
+
 def describe(exc: ConfigError, path: str | Path) -> str:
     """A config error for a terminal: every problem on its own line."""
     if isinstance(exc, ConfigErrors) and len(exc.errors) > 1:

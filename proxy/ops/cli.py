@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
-import yaml
 
-from proxy.config.model import StoreConfig
+from proxy.config.loader import describe, read_yaml, store_path
+from proxy.errors import ConfigError
 from proxy.ops.admin_views import export_lines, ndjson, session_detail, session_list
 from proxy.ops.replay_cli import run_replay
 from proxy.store.base import SessionRef, Store
+from proxy.store.sqlite import StoreUnavailable
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
@@ -47,8 +48,13 @@ def add_commands(sub: Any) -> None:
         ("export", "a session as JSON Lines"),
     ):
         p = actions.add_parser(name, help=help_text)
-        p.add_argument("tenant", help="tenant id (as `sessions list` shows it)")
-        p.add_argument("key", help="session id")
+        p.add_argument(
+            "ids",
+            nargs="+",
+            metavar="[TENANT] SESSION",
+            help="the session id, after its tenant (as `sessions list` shows it) "
+            "when the id is in use under more than one",
+        )
         _store_options(p)
         if name == "show":
             p.add_argument("--json", action="store_true", help="print the admin API's JSON")
@@ -74,34 +80,61 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _store_path(config_path: str, err: TextIO) -> str | None:
-    """The config's ``store.path``, read without the rest of the file.
-
-    The store is all these commands need; resolving the whole config would
-    demand every ``os.environ/`` secret (upstream and admin keys) in the
-    operator's shell.
-    """
+    """The config's ``store.path``, read without the rest of the file (see store_path)."""
     try:
-        data = yaml.safe_load(Path(config_path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"config error: cannot read {config_path}: {exc}", file=err)
+        data, _ = read_yaml(config_path)
+        return store_path(data, config_path)
+    except ConfigError as exc:
+        print(describe(exc, config_path), file=err)
         return None
-    store = data.get("store") if isinstance(data, dict) else None
-    path = store.get("path", StoreConfig.path) if isinstance(store, dict) else StoreConfig.path
-    if not isinstance(path, str):
-        print(f"config error: store.path: must be a string, got {path!r}", file=err)
-        return None
-    return path
 
 
-async def _with_store(path: str, work: Callable[[Store], Awaitable[int]]) -> int:
+async def _with_store(
+    path: str, work: Callable[[Store], Awaitable[int]], *, read_only: bool
+) -> int:
     from proxy.store.sqlite import SqliteStore
 
     store = SqliteStore(path)
-    await store.open()
+    if read_only:
+        await store.open_read_only()
+    elif not Path(path).is_file():
+        # Not even `delete` makes a database: a typo in --db is an error, not a new file.
+        raise StoreUnavailable(f"no database at {path!r}")
+    else:
+        await store.open()
     try:
         return await work(store)
     finally:
         await store.close()
+
+
+async def _resolve(store: Store, ids: list[str], err: TextIO) -> SessionRef | None:
+    """``[TENANT] SESSION`` as a session: the tenant may be left out when only one has it."""
+    if len(ids) > 2:
+        print("name a session as SESSION or TENANT SESSION", file=err)
+        return None
+    if len(ids) == 2:
+        return SessionRef(ids[0], ids[1])
+    key = ids[0]
+    tenants: list[str] = []
+    offset = 0
+    while True:  # every session, a page at a time: an operator's command, not the request path
+        page = await store.list_sessions(tenant=None, limit=1000, offset=offset)
+        tenants += [info.tenant for info in page if info.key == key]
+        if len(page) < 1000:
+            break
+        offset += len(page)
+    if not tenants:
+        print(f"no session {key!r} under any tenant", file=err)
+        return None
+    if len(tenants) > 1:
+        print(
+            f"session {key!r} exists under {len(tenants)} tenants: {', '.join(tenants)}; "
+            f"name one: sessions show TENANT {key}",
+            file=err,
+        )
+        return None
+    return SessionRef(tenants[0], key)
 
 
 def _preview(message: dict[str, Any], width: int = 70) -> str:
@@ -236,17 +269,20 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             else:
                 print_list(page, out)
             return 0
-        ref = SessionRef(ns.tenant, ns.key)
+        found = await _resolve(store, ns.ids, err)
+        if found is None:
+            return 1
+        ref = found
         if ns.action == "delete":
             if not await store.delete_session(ref):
-                print(f"no session {ns.key!r} for tenant {ns.tenant}", file=err)
+                print(f"no session {ref.key!r} for tenant {ref.tenant}", file=err)
                 return 1
-            print(f"deleted session {ns.key!r} of tenant {ns.tenant}", file=out)
+            print(f"deleted session {ref.key!r} of tenant {ref.tenant}", file=out)
             return 0
         if ns.action == "export":
             lines = await export_lines(store, ref)
             if lines is None:
-                print(f"no session {ns.key!r} for tenant {ns.tenant}", file=err)
+                print(f"no session {ref.key!r} for tenant {ref.tenant}", file=err)
                 return 1
             if ns.output:
                 with open(ns.output, "wb") as f:
@@ -256,7 +292,7 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 0
         detail = await session_detail(store, ref)
         if detail is None:
-            print(f"no session {ns.key!r} for tenant {ns.tenant}", file=err)
+            print(f"no session {ref.key!r} for tenant {ref.tenant}", file=err)
             return 1
         if ns.json:
             out.write(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -264,7 +300,12 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print_session(detail, out)
         return 0
 
-    return asyncio.run(_with_store(path, work))
+    try:
+        return asyncio.run(_with_store(path, work, read_only=ns.action != "delete"))
+    except StoreUnavailable as exc:
+        where = "--db" if ns.db else f"store.path in {ns.config}"
+        print(f"error: {exc} (check {where})", file=err)
+        return 2
 
 
 def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
