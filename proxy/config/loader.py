@@ -41,6 +41,12 @@ from proxy.config.node import (
     section,
     show,
 )
+from proxy.config.shared import (
+    COORDINATION_KEYS,
+    check_coordination,
+    coordination_config,
+    store_config,
+)
 from proxy.config.summarize import (
     BUILTIN_MODES,
     check_route_policy,
@@ -230,11 +236,11 @@ def parse_config(
     ``problems`` found before parsing (duplicate keys) are reported with the rest.
     """
     # Relative paths (store.path, a summarizer's prompt_file) are the config file's.
-    base_dir = Path(source).absolute().parent if source else Path.cwd()
-    with collecting(base_dir):
+    folder = Path(source).absolute().parent if source else None
+    with collecting(folder):
         for problem in problems:
             report(problem)
-        config = _parse(resolve_env(data), source, base_dir)
+        config = _parse(resolve_env(data), source, folder or Path.cwd())
     assert config is not None  # collecting() raised if any part failed
     return config
 
@@ -244,7 +250,17 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
         Node,
         "",
         data,
-        {"server", "session", "store", "upstreams", "routes", "policies", "logging", "admin"},
+        {
+            "server",
+            "session",
+            "store",
+            "coordination",
+            "upstreams",
+            "routes",
+            "policies",
+            "logging",
+            "admin",
+        },
     )
     if root is None:
         return None
@@ -273,13 +289,20 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
     policy_names: Mapping[str, Any] = {**{str(n): None for n in raw_policies}, **policies}
     routes = section(lambda: _routes(root.raw("routes"), upstream_names, policy_names))
     logging = section(lambda: _logging(root.child("logging", {"level", "format"})))
-    store = section(lambda: root.child("store", {"path"}))
+    store = section(
+        lambda: store_config(root.child("store", {"path", "url", "pool_size", "schema"}))
+    )
+    coordination = section(
+        lambda: coordination_config(root.child("coordination", COORDINATION_KEYS))
+    )
+    if store is not None and coordination is not None:
+        section(check_coordination, store, coordination)
     server = section(lambda: _server(root.child("server", {"host", "port", "max_body_bytes"})))
     session = section(lambda: _session(root.child("session", {"header", "fallbacks", "ttl"})))
     admin = section(lambda: _admin(root.child("admin", {"api_key"})))
     if routes is None or logging is None or store is None or server is None:
         return None
-    if session is None or admin is None:
+    if session is None or admin is None or coordination is None:
         return None
     return Config(
         upstreams=upstreams,
@@ -287,7 +310,8 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
         policies=policies,
         server=server,
         session=session,
-        store=StoreConfig(path=store.path_value("path", StoreConfig.path) or StoreConfig.path),
+        store=store,
+        coordination=coordination,
         logging=logging,
         admin=admin,
         source=source,

@@ -40,7 +40,8 @@ class EnvStr(str):
 class Parse:
     """One file being parsed: its problems so far, and the folder its paths are relative to."""
 
-    base_dir: Path
+    # None: the config came from no file; relative paths stay as written (the cwd's).
+    base_dir: Path | None
     problems: list[ConfigError] = field(default_factory=list)
     # Every mapping read and the keys it allows (None: any): the schema's drift test.
     nodes: list[tuple[str, frozenset[str] | None]] = field(default_factory=list)
@@ -66,7 +67,7 @@ _PARSE: ContextVar[Parse | None] = ContextVar("ctxproxy_config_parse", default=N
 
 
 @contextmanager
-def collecting(base_dir: Path) -> Iterator[Parse]:
+def collecting(base_dir: Path | None) -> Iterator[Parse]:
     """Collect every problem met inside; raise them together at the end."""
     parse = Parse(base_dir)
     token = _PARSE.set(parse)
@@ -98,18 +99,13 @@ def section(read: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def base_dir() -> Path:
-    """The folder relative paths are resolved against: the config file's (else the cwd)."""
-    parse = _PARSE.get()
-    return parse.base_dir if parse is not None else Path.cwd()
-
-
 def resolve_path(value: str) -> str:
     """A path from the config, relative ones taken from the config file's folder."""
-    if value == ":memory:":
+    parse = _PARSE.get()
+    if value == ":memory:" or parse is None or parse.base_dir is None:
         return value
     path = Path(value).expanduser()
-    return os.path.normpath(path if path.is_absolute() else base_dir() / path)
+    return os.path.normpath(path if path.is_absolute() else parse.base_dir / path)
 
 
 def resolve_env(value: Any, path: str = "") -> Any:

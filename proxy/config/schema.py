@@ -98,7 +98,38 @@ SESSION = obj(
 
 STORE = obj(
     "Where sessions are stored (a change needs a restart).",
-    {"path": text("SQLite file, relative to this file's folder.", default="./data/ctxproxy.db")},
+    {
+        "path": text("SQLite file, relative to this file's folder.", default="./data/ctxproxy.db"),
+        "url": text(
+            "A shared store instead of path: postgresql://..., redis://... (os.environ/NAME).",
+            pattern=r"^(postgresql|postgres|redis|rediss|unix)://|^os\.environ/",
+        ),
+        "pool_size": integer("PostgreSQL connections per instance.", 1),
+        "schema": text(
+            "PostgreSQL schema for the tables (created if missing).",
+            pattern="^[a-z_][a-z0-9_]{0,62}$",
+        ),
+    },
+)
+
+COORDINATION = obj(
+    "How instances sharing a store agree; required with store.url.",
+    {
+        "redis_url": text(
+            "Redis for session locks and summary flights (os.environ/NAME).",
+            pattern=r"^(redis|rediss|unix)://|^os\.environ/",
+        ),
+        "key_prefix": text("Every Redis key starts with this.", pattern="^[A-Za-z0-9_.:-]{1,64}$"),
+        "lock_lease": text(
+            "A crashed instance's session lock expires after this long (15s).",
+            pattern=r"^\s*\d+(\.\d+)?\s*[smhd]\s*$",
+        ),
+        "lock_wait": text(
+            "Longest a history: server request waits for its session (120s).",
+            pattern=r"^\s*\d+(\.\d+)?\s*[smhd]\s*$",
+        ),
+        "single_instance": boolean("A shared store used by exactly one instance, no Redis."),
+    },
 )
 
 ADMIN = obj(
@@ -246,6 +277,7 @@ def config_schema() -> Schema:
                 "server": SERVER,
                 "session": SESSION,
                 "store": STORE,
+                "coordination": COORDINATION,
                 "upstreams": {
                     "type": "object",
                     "description": "Named upstreams.",

@@ -45,8 +45,8 @@ def test_every_problem_of_a_file_is_reported_at_once():
             extra=1,
         )
     )
-    assert errors == [
-        "extra: unknown key (allowed: admin, logging, policies, routes, server, session, store, upstreams)",
+    assert errors[0].startswith("extra: unknown key (allowed: admin, ")
+    assert errors[1:] == [
         "upstreams.default.base_url: must be an http(s) URL, got 'ftp://x'",
         "upstreams.b.timeout_s: must be > 0.0, got -1",
         "policies.p.max_turns: must be >= 1, got 0",
