@@ -42,6 +42,7 @@ test: $(DEV) lint
 bench: $(DEV)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/cache.py
 
 # After a change to the dependencies in pyproject.toml: pins what is new, keeps
 # every other pin (lock-upgrade moves everything to the newest allowed versions).

@@ -167,6 +167,19 @@ UPSTREAM = obj(
             "native",
             "bridge",
         ),
+        "cache": obj(
+            "Prompt-cache hints the proxy adds.",
+            {
+                "breakpoints": choice(
+                    "auto: Anthropic cache_control breakpoints for Claude behind litellm.",
+                    "auto",
+                    "off",
+                ),
+                "prompt_cache_key": choice(
+                    "session: a prompt_cache_key per session (OpenAI-compatible).", "session", "off"
+                ),
+            },
+        ),
     },
     oneOf=[{"required": ["base_url"]}, {"required": ["litellm_model"]}],
 )
@@ -218,7 +231,25 @@ ROUTE = obj(
     required=["upstream"],
 )
 
-NONE_POLICY = obj("Forward the conversation unchanged.", {"strategy": {"const": "none"}})
+MASK = {
+    "description": "Replace old, large tool results by a placeholder (true: the defaults).",
+    "anyOf": [
+        {"type": "boolean"},
+        obj(
+            "When a tool result is masked.",
+            {
+                "after_turns": integer("Results older than this many turns.", 1),
+                "min_tokens": integer("Results at least this long.", 32),
+                "step_tokens": integer("Mask in steps of this many tokens (cache-friendly).", 0),
+            },
+        ),
+    ],
+}
+
+NONE_POLICY = obj(
+    "Forward the conversation unchanged.",
+    {"strategy": {"const": "none"}, "mask_tool_outputs": MASK},
+)
 
 TRIM_POLICY = obj(
     "Keep the newest turns that fit; turns are dropped whole.",
@@ -229,6 +260,7 @@ TRIM_POLICY = obj(
         "context_fraction": number("Or this share of the model's context window.", 1.0),
         "low_water": number("When over budget, cut down to this share of it.", 1.0),
         "tool_output_max_tokens": integer("Clip larger tool results first.", 16),
+        "mask_tool_outputs": MASK,
     },
     required=["strategy"],
 )
