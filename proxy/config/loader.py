@@ -309,7 +309,9 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
     routes = section(lambda: _routes(root.raw("routes"), upstream_names, policy_names))
     logging = section(lambda: _logging(root.child("logging", {"level", "format"})))
     store = section(
-        lambda: store_config(root.child("store", {"path", "url", "pool_size", "schema"}))
+        lambda: store_config(
+            root.child("store", {"path", "url", "pool_size", "schema", "key_prefix"})
+        )
     )
     coordination = section(
         lambda: coordination_config(root.child("coordination", COORDINATION_KEYS))

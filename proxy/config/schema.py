@@ -105,6 +105,9 @@ STORE = obj(
             pattern=r"^(postgresql|postgres|redis|rediss|unix)://|^os\.environ/",
         ),
         "pool_size": integer("PostgreSQL connections per instance.", 1),
+        "key_prefix": text(
+            "Redis store: the prefix of every key it writes.", pattern="^[A-Za-z0-9_.:-]{1,64}$"
+        ),
         "schema": text(
             "PostgreSQL schema for the tables (created if missing).",
             pattern="^[a-z_][a-z0-9_]{0,62}$",
