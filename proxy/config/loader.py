@@ -57,6 +57,8 @@ from proxy.config.summarize import (
 )
 from proxy.errors import ConfigError, ConfigErrors
 
+STORE_KEYS = {"path", "url", "pool_size", "schema", "key_prefix"}
+
 
 def _server(node: Node) -> ServerConfig:
     d = ServerConfig()
@@ -308,11 +310,7 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
     policy_names: Mapping[str, Any] = {**{str(n): None for n in raw_policies}, **policies}
     routes = section(lambda: _routes(root.raw("routes"), upstream_names, policy_names))
     logging = section(lambda: _logging(root.child("logging", {"level", "format"})))
-    store = section(
-        lambda: store_config(
-            root.child("store", {"path", "url", "pool_size", "schema", "key_prefix"})
-        )
-    )
+    store = section(lambda: store_config(root.child("store", STORE_KEYS)))
     coordination = section(
         lambda: coordination_config(root.child("coordination", COORDINATION_KEYS))
     )
@@ -369,18 +367,17 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data, source=str(path), problems=duplicates)
 
 
-def store_path(data: Any, source: str | Path) -> str:
-    """Only the file's ``store.path`` (its ``os.environ/`` and relative path resolved).
+def store_section(data: Any, source: str | Path) -> StoreConfig:
+    """Only the file's ``store`` section (its ``os.environ/`` and relative path resolved).
 
     What the session commands need, without the rest of the file: resolving
     it all would demand every secret it names (upstream and admin keys).
     """
     with collecting(Path(source).absolute().parent):
         raw = data.get("store") if isinstance(data, Mapping) else None
-        path = raw.get("path") if isinstance(raw, Mapping) else None
-        store = Node("store", {"path": resolve_env(path, "store.path")}, ANY)
-        resolved = store.path_value("path", StoreConfig.path)
-    return resolved or StoreConfig.path
+        store = section(lambda: store_config(Node("store", resolve_env(raw, "store"), STORE_KEYS)))
+    assert store is not None  # collecting() raised otherwise
+    return store
 
 
 def describe(exc: ConfigError, path: str | Path) -> str:

@@ -18,17 +18,18 @@ from typing import Any, TextIO
 
 import orjson
 
-from proxy.config.loader import describe, read_yaml, store_path
+from proxy.config.loader import describe, read_yaml, store_section
 from proxy.errors import ConfigError
 from proxy.ops.admin_views import export_lines, ndjson, session_detail, session_list
 from proxy.ops.replay_cli import run_replay
+from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import SessionRef, Store
 from proxy.store.sqlite import StoreUnavailable
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--config", help="the proxy's YAML config (its store.path is used)")
+    where.add_argument("--config", help="the proxy's YAML config (its store section is used)")
     where.add_argument("--db", help="path to the SQLite file")
 
 
@@ -79,29 +80,46 @@ def _parser() -> argparse.ArgumentParser:
 # -- sessions -------------------------------------------------------------------
 
 
-def _store_path(config_path: str, err: TextIO) -> str | None:
-    """The config's ``store.path``, read without the rest of the file (see store_path)."""
+def _store_spec(config_path: str, err: TextIO) -> StoreSpec | None:
+    """The config's ``store`` section (SQLite path or shared store URL), read alone.
+
+    The store is all these commands need; resolving the whole config would
+    demand every ``os.environ/`` secret (upstream and admin keys) in the
+    operator's shell.
+    """
     try:
         data, _ = read_yaml(config_path)
-        return store_path(data, config_path)
+        store = store_section(data, config_path)
     except ConfigError as exc:
         print(describe(exc, config_path), file=err)
         return None
+    return StoreSpec(
+        path=store.path,
+        url=store.url,
+        pool_size=2,
+        schema=store.schema,
+        key_prefix=store.key_prefix,
+    )
 
 
 async def _with_store(
-    path: str, work: Callable[[Store], Awaitable[int]], *, read_only: bool
+    spec: StoreSpec, work: Callable[[Store], Awaitable[int]], *, read_only: bool
 ) -> int:
-    from proxy.store.sqlite import SqliteStore
-
-    store = SqliteStore(path)
-    if read_only:
-        await store.open_read_only()
-    elif not Path(path).is_file():
-        # Not even `delete` makes a database: a typo in --db is an error, not a new file.
-        raise StoreUnavailable(f"no database at {path!r}")
-    else:
+    if spec.url is not None:  # a shared store's server: nothing to create by mistake
+        store = build_store(spec)
         await store.open()
+    else:
+        from proxy.store.sqlite import SqliteStore
+
+        sqlite = SqliteStore(spec.path)
+        if read_only:
+            await sqlite.open_read_only()
+        elif not Path(spec.path).is_file():
+            # Not even `delete` makes a database: a typo in --db is an error, not a new file.
+            raise StoreUnavailable(f"no database at {spec.path!r}")
+        else:
+            await sqlite.open()
+        store = sqlite
     try:
         return await work(store)
     finally:
@@ -279,8 +297,8 @@ def summary_use(r: dict[str, Any]) -> str:
 
 
 def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    path = ns.db or _store_path(ns.config, err)
-    if path is None:
+    spec = StoreSpec(path=ns.db) if ns.db else _store_spec(ns.config, err)
+    if spec is None:
         return 2
 
     async def work(store: Store) -> int:
@@ -325,7 +343,7 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
 
     try:
-        return asyncio.run(_with_store(path, work, read_only=ns.action != "delete"))
+        return asyncio.run(_with_store(spec, work, read_only=ns.action != "delete"))
     except StoreUnavailable as exc:
         where = "--db" if ns.db else f"store.path in {ns.config}"
         print(f"error: {exc} (check {where})", file=err)
