@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench clean chromium screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check proxy policies tests bench
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+test: $(STAMP) lint chromium
 	$(BIN)/pytest -q
+
+# The browser tests drive Debian's chromium: apt-installed when missing (idempotent).
+chromium:
+	@./.ci/ensure-chromium
+
+# Regenerate the README's screenshots (docs/screenshots/) from the browser tests.
+screenshots: $(STAMP) chromium
+	CTXPROXY_SCREENSHOTS=1 $(BIN)/pytest -q tests/ops/test_viewer_browser.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
