@@ -19,7 +19,8 @@ from proxy.context.calibration import Calibration
 from proxy.ops.timeline import (
     context_entries,
     masked_by_index,
-    recalled_entries,
+    recall_of,
+    recall_view,
     request_chain,
     token_split,
 )
@@ -180,10 +181,6 @@ def request_view(
         summarized["indexes"] if summarized else [],
         summarized["tokens"] if summarized else None,
     )
-    recalled = [
-        {**r, "item_id": chain[r["index"]].id if chain and r["index"] < len(chain) else None}
-        for r in recalled_entries(detail)
-    ]
     return {
         "id": row["id"],
         "created_at": iso(row["created_at"]),
@@ -218,7 +215,7 @@ def request_view(
         "clipped": detail.get("clipped", []),
         "summarized": summarized,
         # Turns recall brought back (with their scores), tool results masking replaced.
-        "recalled": recalled,
+        "recalled": recall_view(recall_of(detail), chain),
         "masked": [
             {"index": i, "tokens_before": m.tokens_before, "tokens_after": m.tokens_after}
             for i, m in sorted(masked_by_index(detail).items())

@@ -62,32 +62,100 @@ def _number(entry: object, *names: str) -> float | None:
     return None
 
 
-def recalled_entries(detail: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The turns recall brought back, as ``{"index", "score", "tokens"}`` (score may be None).
+@dataclass(frozen=True)
+class RecallView:
+    """What recall did for a request, read from its row's ``detail["recall"]``.
 
-    Read from ``detail["recalled"]`` or ``detail["recall"]["recalled"]``: a list
-    of positions or of objects naming ``index`` (or ``position``) and ``score``.
+    Recall forwards the turns it brings back as one quoted block (``tokens``
+    long) before the newest user turn; the turns' own positions stay among
+    the dropped ones, so here they are what the block stands for.
     """
-    raw: object = detail.get("recalled")
-    recall = detail.get("recall")
-    if raw is None and isinstance(recall, Mapping):
-        raw = recall.get("recalled") or recall.get("items")
-    if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
-        return []
-    out: list[dict[str, Any]] = []
-    for entry in raw:
-        index = _index(entry)
-        if index is None:
-            continue
-        tokens = _number(entry, "tokens", "token_count")
-        out.append(
+
+    status: str | None
+    tokens: int
+    budget: int | None
+    # Each recalled unit as [start, end) positions, in conversation order.
+    units: tuple[tuple[int, int], ...]
+    # The hits (positions the index matched) with their item id and score.
+    hits: Mapping[int, tuple[int | None, float]]
+    error: str | None
+
+    @property
+    def indexes(self) -> list[int]:
+        return [i for start, end in self.units for i in range(start, end)]
+
+
+def recall_of(detail: Mapping[str, Any]) -> RecallView | None:
+    """None when recall did not run for the request (its policy has no ``recall:``)."""
+    raw = detail.get("recall")
+    if not isinstance(raw, Mapping):
+        return None
+    units: list[tuple[int, int]] = []
+    for span in raw.get("spans") or []:
+        if (
+            isinstance(span, Sequence)
+            and len(span) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+            and 0 <= span[0] < span[1]
+        ):
+            units.append((span[0], span[1]))
+    hits: dict[int, tuple[int | None, float]] = {}
+    for hit in raw.get("hits") or []:
+        if isinstance(hit, Sequence) and len(hit) == 3 and isinstance(hit[0], int):
+            item_id = hit[1] if isinstance(hit[1], int) else None
+            score = hit[2] if isinstance(hit[2], int | float) else 0.0
+            hits[hit[0]] = (item_id, float(score))
+    tokens = raw.get("tokens")
+    budget = raw.get("budget")
+    status, error = raw.get("status"), raw.get("error")
+    return RecallView(
+        status=status if isinstance(status, str) else None,
+        tokens=tokens if isinstance(tokens, int) and units else 0,
+        budget=budget if isinstance(budget, int) else None,
+        units=tuple(sorted(units)),
+        hits=hits,
+        error=error if isinstance(error, str) else None,
+    )
+
+
+def recall_view(
+    recall: RecallView | None, chain: Sequence[StoredItem] | None
+) -> dict[str, Any] | None:
+    """The request view's ``recalled``: each unit with its positions, items and best score."""
+    if recall is None:
+        return None
+
+    def item_id(i: int) -> int | None:
+        return chain[i].id if chain is not None and i < len(chain) else None
+
+    units = []
+    for start, end in recall.units:
+        hits = [
+            {"index": i, "item_id": recall.hits[i][0] or item_id(i), "score": recall.hits[i][1]}
+            for i in range(start, end)
+            if i in recall.hits
+        ]
+        units.append(
             {
-                "index": index,
-                "score": _number(entry, "score"),
-                "tokens": None if tokens is None else int(tokens),
+                "start": start,
+                "end": end,
+                "item_ids": [item_id(i) for i in range(start, end)],
+                # The unit came back for its best hit (neighbors have no score of their own).
+                "score": max(
+                    (recall.hits[i][1] for i in range(start, end) if i in recall.hits), default=None
+                ),
+                "hits": hits,
             }
         )
-    return out
+    return {
+        "status": recall.status,
+        "turns": len(recall.units),
+        "messages": len(recall.indexes),
+        "tokens": recall.tokens,
+        "budget": recall.budget,
+        "units": units,
+        "error": recall.error,
+    }
 
 
 def _shortened(raw: object) -> dict[int, Shortened]:
@@ -134,7 +202,7 @@ def request_chain(
 
 
 def fates(
-    row: Mapping[str, Any], summarized: Sequence[int], recalled: Sequence[int]
+    row: Mapping[str, Any], summarized: Sequence[int], recall: RecallView | None
 ) -> dict[int, tuple[str, str | None]]:
     """Each position's fate and, for a dropped one, why (positions not listed were kept)."""
     detail: Mapping[str, Any] = row.get("detail") or {}
@@ -148,7 +216,7 @@ def fates(
         out[index] = (CLIPPED, None)
     for index in summarized:
         out[index] = (SUMMARIZED, None)
-    for index in recalled:
+    for index in recall.indexes if recall is not None else ():
         out[index] = (RECALLED, None)
     return out
 
@@ -165,10 +233,9 @@ def token_split(
     chain to read them from): what is unknown is then in ``other``.
     """
     detail: Mapping[str, Any] = row.get("detail") or {}
-    recalled = recalled_entries(detail)
-    fate = fates(row, summarized, [r["index"] for r in recalled])
+    recall = recall_of(detail)
+    fate = fates(row, summarized, recall)
     clipped, masked = clipped_by_index(detail), masked_by_index(detail)
-    recalled_tokens = {r["index"]: r["tokens"] for r in recalled}
     sent = dict.fromkeys((KEPT, CLIPPED, MASKED, SUMMARIZED, RECALLED, DROPPED), 0)
     forwarded = dict.fromkeys((KEPT, CLIPPED, MASKED, RECALLED), 0)
     count = int(row.get("messages_before") or 0)
@@ -179,15 +246,17 @@ def token_split(
         short = clipped.get(index) or masked.get(index)
         if tokens is None:
             # Unknown from the chain; a shortened message still says its own size.
-            tokens = short.tokens_before if short else recalled_tokens.get(index)
+            tokens = short.tokens_before if short else None
             if tokens is None:
                 exact = False
                 continue
         sent[kind] += tokens
         if kind in (CLIPPED, MASKED) and short is not None:
             forwarded[kind] += short.tokens_after
-        elif kind in (KEPT, RECALLED):
+        elif kind == KEPT:
             forwarded[kind] += tokens
+    # Recalled turns are forwarded together, as one quoted block.
+    forwarded[RECALLED] = recall.tokens if recall is not None else 0
     before, after = int(row.get("tokens_before") or 0), int(row.get("tokens_after") or 0)
     sent["other"] = before - sum(sent.values())
     forwarded["summary"] = summary_tokens or 0
@@ -209,14 +278,17 @@ def context_entries(
     stands in for. The stored message is included when the chain is known.
     """
     detail: Mapping[str, Any] = row.get("detail") or {}
-    recalled = {r["index"]: r for r in recalled_entries(detail)}
-    fate = fates(row, summarized, list(recalled))
+    recall = recall_of(detail)
+    fate = fates(row, summarized, recall)
+    block_at = _block_position(row, chain, recall)
     clipped, masked = clipped_by_index(detail), masked_by_index(detail)
     first_summarized = min(summarized) if summarized else None
     entries: list[dict[str, Any]] = []
     for index in range(int(row.get("messages_before") or 0)):
         if index == first_summarized and summary is not None:
             entries.append({"kind": "summary", **summary})
+        if index == block_at and recall is not None:
+            entries.append(_recall_entry(recall))
         item = chain[index] if chain is not None else None
         kind, reason = fate.get(index, (KEPT, None))
         short = clipped.get(index) or masked.get(index)
@@ -224,7 +296,8 @@ def context_entries(
         if tokens is None and short is not None:
             tokens = short.tokens_before
         forwarded: int | None
-        if kind in (DROPPED, SUMMARIZED):
+        if kind in (DROPPED, SUMMARIZED, RECALLED):
+            # A recalled message is forwarded inside the recall block, not on its own.
             forwarded = 0
         elif short is not None and kind in (CLIPPED, MASKED):
             forwarded = short.tokens_after
@@ -241,7 +314,33 @@ def context_entries(
             "tokens_forwarded": forwarded,
             "message": item.message if item is not None else None,
         }
-        if kind == RECALLED:
-            entry["score"] = recalled[index]["score"]
+        if kind == RECALLED and recall is not None:
+            hit = recall.hits.get(index)
+            entry["score"] = hit[1] if hit else None
         entries.append(entry)
+    if block_at is not None and block_at >= len(entries) and recall is not None:
+        entries.append(_recall_entry(recall))
     return entries
+
+
+def _block_position(
+    row: Mapping[str, Any], chain: Sequence[StoredItem] | None, recall: RecallView | None
+) -> int | None:
+    """Where the recall block went: before the newest user message (the end if unknown)."""
+    if recall is None or not recall.units:
+        return None
+    count = int(row.get("messages_before") or 0)
+    if chain is not None:
+        users = [i for i, item in enumerate(chain) if item.role == "user"]
+        if users:
+            return users[-1]
+    return count
+
+
+def _recall_entry(recall: RecallView) -> dict[str, Any]:
+    return {
+        "kind": "recall",
+        "tokens": recall.tokens,
+        "turns": len(recall.units),
+        "indexes": recall.indexes,
+    }

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from proxy.http.sessions import tenant_of
-from proxy.ops.timeline import masked_by_index, recalled_entries
+from proxy.ops.timeline import context_entries, masked_by_index, recall_of, token_split
 from proxy.ops.viewer import ASSETS, CSP, page_bytes
+from proxy.store.base import StoredItem
 from tests.ops.test_admin import (
     AUTH,
     LAST1,
@@ -148,7 +149,8 @@ def test_each_request_splits_its_tokens_by_what_became_of_them(admin_proxy):
             == t["after"] - split["sent"]["other"]
         )
     assert view["requests"][-1]["tokens"]["split"]["sent"]["dropped"] > 0
-    assert view["requests"][-1]["recalled"] == [] and view["requests"][-1]["masked"] == []
+    # Neither recall nor masking ran for this policy.
+    assert view["requests"][-1]["recalled"] is None and view["requests"][-1]["masked"] == []
 
 
 def test_a_request_context_lists_every_message_with_its_fate(admin_proxy):
@@ -226,14 +228,76 @@ def test_a_clipped_tool_result_is_counted_at_both_sizes(admin_proxy):
     )
 
 
-def test_recalled_and_masked_details_are_read_in_either_shape():
-    assert recalled_entries({"recalled": [3, {"index": 5, "score": 0.81, "tokens": 12}]}) == [
-        {"index": 3, "score": None, "tokens": None},
-        {"index": 5, "score": 0.81, "tokens": 12},
+def test_recalled_turns_are_split_out_of_the_dropped_ones_and_forwarded_as_one_block():
+    # Ten messages; the policy dropped 1-6; recall brought back 3-4 (hit 3) as a 30-token block.
+    row = {
+        "messages_before": 10,
+        "tokens_before": 103,
+        "tokens_after": 3 + 10 * 4 + 30,
+        "dropped_indexes": [1, 2, 3, 4, 5, 6],
+        "reason": "max_turns",
+        "detail": {
+            "recall": {
+                "status": "recalled",
+                "tokens": 30,
+                "budget": 200,
+                "spans": [[3, 5], "junk", [7, 2]],
+                "hits": [[3, 44, 0.8123], ["x"]],
+            }
+        },
+    }
+    chain = [stored_item(i, role="user" if i % 2 else "assistant") for i in range(10)]
+    recall = recall_of(row["detail"])
+    assert recall is not None and recall.units == ((3, 5),) and recall.indexes == [3, 4]
+    split = token_split(row, chain, [], None)
+    assert split["sent"] == {
+        "kept": 40,
+        "clipped": 0,
+        "masked": 0,
+        "summarized": 0,
+        "recalled": 20,
+        "dropped": 40,
+        "other": 3,
+    }
+    assert split["forwarded"] == {
+        "kept": 40,
+        "clipped": 0,
+        "masked": 0,
+        "recalled": 30,
+        "summary": 0,
+        "other": 3,
+    }
+    entries = context_entries(row, chain, [], None)
+    fates = [e.get("fate", e["kind"]) for e in entries]
+    # The block stands before the newest user message (9).
+    assert fates == ["kept"] + ["dropped"] * 2 + ["recalled"] * 2 + ["dropped"] * 2 + [
+        "kept",
+        "kept",
+        "recall",
+        "kept",
     ]
-    nested = {"recall": {"recalled": [{"position": 2, "score": 1}, "junk", True]}}
-    assert recalled_entries(nested) == [{"index": 2, "score": 1, "tokens": None}]
-    assert recalled_entries({"recalled": "3"}) == []
+    assert [e.get("score") for e in entries if e.get("fate") == "recalled"] == [0.8123, None]
+    assert entries[-2] == {"kind": "recall", "tokens": 30, "turns": 1, "indexes": [3, 4]}
+    assert recall_of({"recall": "x"}) is None and recall_of({}) is None
+
+
+def test_masked_tool_results_are_read_from_the_row():
     masked = masked_by_index({"masked": [{"index": 4, "tokens_before": 90, "tokens_after": 9}]})
     assert (masked[4].tokens_before, masked[4].tokens_after) == (90, 9)
     assert masked_by_index({"masked": [{"index": 4}]}) == {}
+    assert masked_by_index({"masked": "4"}) == {}
+
+
+def stored_item(i: int, role: str) -> StoredItem:
+    return StoredItem(
+        id=100 + i,
+        session_id=1,
+        parent_id=99 + i if i else None,
+        path_hash=f"p{i}",
+        content_hash=f"c{i}",
+        role=role,
+        token_count=10,
+        message={"role": role, "content": f"m{i}"},
+        status="complete",
+        created_at=0.0,
+    )

@@ -330,7 +330,9 @@
       out.push(h("span", { class: "badge f-summarized-b", text: `summary ${q.summarized.status}` }));
     }
     if (q.fallback) out.push(h("span", { class: "badge warn", text: `fallback: ${q.fallback}` }));
-    if (q.recalled && q.recalled.length) out.push(h("span", { class: "badge f-recalled-b", text: `${q.recalled.length} recalled` }));
+    if (q.recalled && q.recalled.turns) out.push(h("span", { class: "badge f-recalled-b", text: `${q.recalled.turns} recalled` }));
+    if (q.recalled && q.recalled.status === "error") out.push(h("span", { class: "badge warn", text: "recall error" }));
+    if (q.masked && q.masked.length) out.push(h("span", { class: "badge f-masked-b", text: `${q.masked.length} masked` }));
     if (q.dropped.reason) out.push(h("span", { class: "badge", text: q.dropped.reason }));
     return out;
   }
@@ -546,12 +548,20 @@
         it.first_dropped_by ? h("p", { class: "muted small", text: `first dropped by ${reqLabel(it.first_dropped_by)}` }) : null,
         it.first_summarized_by ? h("p", { class: "muted small", text: `first summarized by ${reqLabel(it.first_summarized_by)}` }) : null);
     });
-    const recalled = q.recalled && q.recalled.length
-      ? h("ul", { class: "recalled" }, q.recalled.map((r) =>
-        h("li", {}, `#${r.index}`, r.item_id !== null ? ` (item ${r.item_id})` : "", " score ",
-          h("b", { text: typeof r.score === "number" ? r.score.toFixed(3) : "–" }),
-          r.tokens !== null ? `, ${num(r.tokens)} tokens` : "")))
-      : h("p", { class: "muted", text: "No turns recalled." });
+    const rc = q.recalled;
+    let recalled;
+    if (!rc) recalled = h("p", { class: "muted", text: "Recall is not enabled for this request's policy." });
+    else if (!rc.units.length) {
+      recalled = h("p", { class: "muted", text: `No turns recalled (${rc.status || "none"}${rc.error ? `: ${rc.error}` : ""}).` });
+    } else {
+      recalled = h("div", {},
+        h("p", { class: "muted small", text: `${rc.turns} turns (${rc.messages} messages) in ${num(rc.tokens)} tokens${rc.budget ? ` of a ${num(rc.budget)}-token budget` : ""}, quoted before the newest user turn.` }),
+        h("ul", { class: "recalled" }, rc.units.map((u) =>
+          h("li", { "data-start": u.start, "data-end": u.end },
+            u.end - u.start > 1 ? `messages #${u.start}–#${u.end - 1}` : `message #${u.start}`,
+            " · score ", h("b", { class: "score", text: typeof u.score === "number" ? u.score.toFixed(3) : "–" }),
+            u.hits.length ? h("span", { class: "muted", text: ` (matched ${u.hits.map((x) => `#${x.index}`).join(", ")})` }) : null))));
+    }
     fill($("detail"),
       h("h2", { id: "d-title" }, `Request #${index + 1} `, h("code", { class: "small", text: q.id })),
       h("dl", { class: "facts-dl" }, facts_.map(([k, v]) => h("div", {}, h("dt", { text: k }), h("dd", { text: v })))),
@@ -577,6 +587,15 @@
   }
 
   function entryItem(e) {
+    if (e.kind === "recall") {
+      return h("li", { class: "ent m-recalled", "data-fate": "recall" },
+        h("div", { class: "ent-head" },
+          h("span", { class: "badge f-recalled-b", text: "recall block" }),
+          h("b", { text: `${e.turns} recalled turns` }),
+          h("span", { class: "muted", text: `quoting #${e.indexes.join(", #")}` }),
+          h("span", { class: "grow" }),
+          h("span", { class: "muted", text: `${num(e.tokens)} tok` })));
+    }
     if (e.kind === "summary") {
       return h("li", { class: "ent f-summary-e", "data-fate": "summary" },
         h("div", { class: "ent-head" },
