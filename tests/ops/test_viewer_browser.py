@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import openai
@@ -43,6 +44,7 @@ CHROMIUM_ARGS = [
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "screenshots"
 
+ODD_KEY = '<b>odd</b> & "q"/x'
 NONE = "\u2013"  # what the page shows for "not applicable"
 PLANTED = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
@@ -154,6 +156,10 @@ def demo(admin_proxy, fake) -> Any:
         history.append({"role": "user", "content": question})
         reply = trim.chat.completions.create(model="gpt-4o", messages=history)
         history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    # A hostile session id: markup, an ampersand, quotes and a slash.
+    client_for(proxy, ODD_KEY).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "odd"}]
+    )
     client_for(proxy, "billing-7", key="sk-other").chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "Where is my invoice?"}]
     )
@@ -345,6 +351,12 @@ def test_clicking_a_request_shows_what_it_dropped_and_a_planted_script_as_text(
     marks = [li.get_attribute("data-mark") for li in p.query_selector_all("#detail .hist")]
     assert marks == ["dropped", "dropped", "kept", "kept", "kept", "reply", "later", "later"]
     p.screenshot(path=str(shots / "request.png"), full_page=True)
+    # A session id is text too, in the list, the title and the link that opens it.
+    p.click(".crumbs a")
+    p.wait_for_selector("#list:not([hidden])")
+    tab.open_session(ODD_KEY)
+    assert p.text_content("#s-title") == ODD_KEY and p.query_selector("#s-title b") is None
+    assert api(tab.proxy, f"sessions?session={quote(ODD_KEY)}")["data"][0]["key"] == ODD_KEY
     # Nothing the conversation said reached the console.
     for line in tab.console:
         for question, answer in SCRIPT:
