@@ -35,6 +35,7 @@ screenshots: $(STAMP) chromium
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/cache.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

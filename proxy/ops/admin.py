@@ -31,6 +31,7 @@ from proxy.ops.admin_views import (
     session_detail,
     session_list,
 )
+from proxy.ops.cache_views import metrics_cache
 from proxy.ops.viewer import ROUTES as VIEWER_ROUTES
 from proxy.runtime import Runtime
 from proxy.store.base import SessionRef
@@ -149,6 +150,10 @@ async def _calibration(request: Request, rt: Runtime) -> Response:
     return _json({"object": "list", "data": rt.calibration.snapshot()})
 
 
+async def _cache(request: Request, rt: Runtime) -> Response:
+    return _json(metrics_cache(rt.metrics))
+
+
 async def _unknown(request: Request, rt: Runtime) -> Response:
     raise NotFound(f"Unknown admin path or method: {request.method} {request.url.path}")
 
@@ -163,6 +168,7 @@ ROUTES = [
     Route("/admin/requests/{request_id}", _admin(_request), methods=["GET"]),
     Route("/admin/requests/{request_id}/context", _admin(_context), methods=["GET"]),
     Route("/admin/calibration", _admin(_calibration), methods=["GET"]),
+    Route("/admin/cache", _admin(_cache), methods=["GET"]),
     # The viewer's static files (no key: the page asks for it and calls the API above).
     *VIEWER_ROUTES,
     # Anything else under /admin (wrong method included) still needs the key first.

@@ -528,6 +528,11 @@
     if (q.usage && typeof q.usage.prompt_tokens === "number") {
       facts_.push(["Upstream usage", `${num(q.usage.prompt_tokens)} prompt, ${num(q.usage.completion_tokens)} completion`]);
     }
+    const cache = q.cache;
+    if (cache && typeof cache.prompt_tokens === "number") {
+      const ratio = typeof cache.hit_ratio === "number" ? ` (${Math.round(cache.hit_ratio * 100)}%)` : "";
+      facts_.push(["Prompt cache", `${num(cache.cached_tokens || 0)} of ${num(cache.prompt_tokens)} cached${ratio}`]);
+    }
     const entries = ctx.entries.map((e) => entryItem(e));
     const fateOf = new Map();
     for (const e of ctx.entries) if (e.kind === "message" && e.item_id !== null) fateOf.set(e.item_id, e);
