@@ -36,7 +36,8 @@ lint: $(DEV)
 	$(BIN)/ruff format --check proxy policies tests bench
 	$(BIN)/mypy
 
-test: $(DEV) lint chromium
+test: $(DEV) lint
+	@./.ci/ensure-chromium
 	$(BIN)/pytest -q
 
 # The browser tests drive Debian's chromium: apt-installed when missing (idempotent).
