@@ -25,6 +25,7 @@ def build_upstream(config: UpstreamConfig) -> Upstream:
             config.base_url,
             timeout_s=config.timeout_s,
             connect_timeout_s=config.connect_timeout_s,
+            name=config.name,
         )
     from proxy.upstream.provider import LitellmUpstream
 
