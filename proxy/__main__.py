@@ -7,8 +7,6 @@ Also `python -m proxy sessions list|show|delete|export ...` and
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +27,12 @@ def _parser() -> argparse.ArgumentParser:
         if name == "serve":
             p.add_argument("--host", help="override server.host")
             p.add_argument("--port", type=int, help="override server.port")
+            p.add_argument(
+                "--drain-s",
+                type=float,
+                default=2.0,
+                help="on SIGTERM, answer /readyz 503 this long before stopping (default 2)",
+            )
     return parser
 
 
@@ -40,36 +44,15 @@ def _load(path: str) -> Config | None:
         return None
 
 
-def serve(config: Config, host: str | None, port: int | None) -> None:
-    import uvicorn
-
-    from proxy.app import create_app
+def serve(config: Config, host: str | None, port: int | None, drain_s: float) -> int:
+    from proxy.ops.server import serve as run
     from proxy.telemetry.logging import configure_logging
 
     configure_logging(config.logging.level, config.logging.format)
-    app = create_app(config)
-    # What is built by now lives as long as the process: move it out of the
-    # collector's sight, and collect less often. Each full collection would
-    # otherwise pause the event loop for 10 ms or more (litellm alone brings
-    # hundreds of thousands of objects). Here, not in create_app: a process
-    # that builds many apps (the tests) must not freeze each one's garbage.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(7000, 10, 10)
-    uvicorn.run(
-        app,
-        host=host or config.server.host,
-        port=port or config.server.port,
-        # The fast event loop and HTTP parser, named: "auto" would fall back to
-        # the slow ones silently. uvloop is not installed on Windows.
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        date_header=False,
-        timeout_graceful_shutdown=30,
-    )
+    try:
+        return run(config, host, port, drain_s=drain_s)
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful stop
+        return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,8 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{len(config.policies)} policies"
         )
         return 0
-    serve(config, ns.host, ns.port)
-    return 0
+    return serve(config, ns.host, ns.port, ns.drain_s)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def create_app(
         expiry.start()
         reloader = Reloader(runtime, config.source)
         reloader.install()
-        log.info("proxy_started", routes=len(config.routes), config=config.source)
+        # proxy_started (with the address) comes once the socket is bound: proxy.ops.server.
+        log.debug("app_started", routes=len(config.routes), config=config.source)
         try:
             yield {}
         finally:

@@ -36,7 +36,9 @@ def test_windows_agree_with_litellm_itself():
 
     for model in ("gpt-4o", "gpt-4.1", "gpt-5-mini", "o3", "o4-mini", "claude-sonnet-4-5"):
         info = litellm.get_model_info(model)
-        assert context_window(model) == (info.get("max_input_tokens") or info.get("max_tokens")), model
+        assert context_window(model) == (info.get("max_input_tokens") or info.get("max_tokens")), (
+            model
+        )
 
 
 def test_the_example_config_never_imports_litellm(tmp_path):
