@@ -5,8 +5,8 @@ The LLM summarizer sends one chat completion (no stream; temperature 0 and
 ``max_completion_tokens`` and a low reasoning effort: see
 :func:`proxy.context.model_info.completion_params`) through the same
 :class:`~proxy.upstream.base.Upstream` the routes use, so an OpenAI-compatible
-upstream gets a plain POST to ``/chat/completions`` and a ``litellm_model`` upstream is translated by
-litellm. Anything but a non-empty answer within the timeout is a
+upstream gets a plain POST to ``/chat/completions`` and a ``litellm_model``
+upstream is translated by litellm. Anything but a non-empty answer within the timeout is a
 :class:`SummaryFailed` with a reason (``timeout``, ``error``, ``empty``): the
 caller falls back to trimming and stores nothing.
 
