@@ -43,6 +43,7 @@ from policies.types import (
 )
 from proxy.background import Background
 from proxy.config.model import UpstreamConfig
+from proxy.context.circuit import Breaker
 from proxy.context.summarizer import (
     EXTRACTIVE_MODEL,
     ExtractiveSummarizer,
@@ -79,6 +80,8 @@ class SummaryContext:
     budget: Budget
     # Builds the summarizer, only when one is needed.
     summarizer: Callable[[], Summarizer]
+    # The route's name: the summarizer's circuit breaker is per route.
+    route: str = ""
 
 
 @dataclass(frozen=True)
@@ -112,11 +115,20 @@ _Result = StoredSummary | SummaryFailed
 
 
 class SummaryService:
-    def __init__(self, store: Store, background: Background, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        background: Background,
+        metrics: Metrics,
+        breaker: Breaker | None = None,
+    ) -> None:
         self.store = store
         self.background = background
         self.metrics = metrics
         self._inflight: dict[_Key, asyncio.Task[_Result]] = {}
+        # Repeated failures of a route's summarizer stop its calls for a while.
+        self.breaker = breaker or Breaker()
+        self.breaker.register(metrics)
 
     @property
     def inflight(self) -> int:
@@ -147,6 +159,9 @@ class SummaryService:
         running = self._inflight.get(key)
         joined = running is not None
         if running is None:
+            if not self.breaker.allow(ctx.route):
+                # The circuit is open: no call, straight to the fallback.
+                return SummaryOutcome(backup, "fallback", fallback="summarizer_unavailable")
             running = self._start(key, ctx, task, paths)
         started = time.perf_counter()
         try:
@@ -182,7 +197,7 @@ class SummaryService:
         if task is None:
             return
         key = (ctx.ref, task.start_unit, paths[task.end - 1])
-        if key not in self._inflight:
+        if key not in self._inflight and self.breaker.allow(ctx.route):
             ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes)
             await self._start(key, ahead, task, paths, prefetched=True)
 
@@ -233,6 +248,7 @@ class SummaryService:
                 if (found.covers_path_hash, found.start_unit) == (end, task.start_unit):
                     return found
             summarizer = ctx.summarizer()
+            fields["counted"] = summarizer.model != EXTRACTIVE_MODEL  # offline: never "down"
             previous = task.previous
             output = await summarizer.summarize(
                 SummaryRequest(
@@ -241,6 +257,8 @@ class SummaryService:
                     max_tokens=task.max_tokens,
                 )
             )
+            if fields.pop("counted"):
+                self.breaker.success(ctx.route)  # it answered (what follows is ours)
             source = [message_text(ctx.messages[i]) for i in task.source]
             if previous is not None:
                 source += [previous.text, *(f.value for f in previous.facts)]
@@ -264,10 +282,10 @@ class SummaryService:
                 ),
             )
         except SummaryFailed as exc:
-            return self._failed(exc, fields, started)
+            return self._failed(exc, fields, started, ctx.route)
         except Exception as exc:  # the boundary: a summary is optional, the request is not
             log.error("summary_error", error=repr(exc), exc_info=exc, **fields)
-            return self._failed(SummaryFailed("error", repr(exc)), fields, started)
+            return self._failed(SummaryFailed("error", repr(exc)), fields, started, ctx.route)
         ms = round((time.perf_counter() - started) * 1000, 2)
         self.metrics.count_summary("made")
         log.info("summary_made", summary_id=stored.id, ms=ms, usage=output.usage, **fields)
@@ -277,7 +295,11 @@ class SummaryService:
             log.debug("summary_unverified_entities_values", summary_id=stored.id, values=flagged)
         return stored
 
-    def _failed(self, exc: SummaryFailed, fields: dict[str, Any], started: float) -> SummaryFailed:
+    def _failed(
+        self, exc: SummaryFailed, fields: dict[str, Any], started: float, route: str
+    ) -> SummaryFailed:
+        if fields.pop("counted", False):
+            self.breaker.failure(route)
         self.metrics.count_summary("failed")
         ms = round((time.perf_counter() - started) * 1000, 2)
         log.warning("summary_failed", reason=exc.reason, detail=exc.detail, ms=ms, **fields)
