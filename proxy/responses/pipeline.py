@@ -43,6 +43,7 @@ from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
 from proxy.responses.items import ItemCounter, decide, input_items, item_hash, item_role
+from proxy.responses.previous_id import PutBackStream, put_back
 from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
 from proxy.runtime import Runtime
@@ -199,6 +200,8 @@ class ResponsesExchange(ChatExchange):
         except ProxyError as error:
             self._finish_failed(error.status, error, upstream_status=response.status)
             return error_response(error, self._headers())
+        if self.previous is not None and response.status == 200:
+            content = put_back(content, self.previous.id)  # sent as input: say it continued
         answer = response_from_body(content) if response.status == 200 else None
         if answer is not None:
             await self._commit(answer)
@@ -211,19 +214,31 @@ class ResponsesExchange(ChatExchange):
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
         assembler = ResponseAssembler()
+        # A chain sent as input: its events say which response it continued.
+        put_back = PutBackStream(self.previous.id) if self.previous is not None else None
 
         async def relay() -> AsyncIterator[bytes]:
             error: ProxyError | None = None
             done = False
             self.rt.metrics.active_streams.inc()
             try:
-                async for chunk in response.iter_chunks():
+                async for received in response.iter_chunks():
+                    chunk = received if put_back is None else put_back.feed(received)
+                    if put_back is not None and not chunk:
+                        continue  # a line still arriving
                     assembler.feed(chunk)
                     if assembler.final is not None and not done:
                         done = True
                         # Stored before the client sees the end: it may chain on it at once.
                         await self._commit(assembler.final, release=False)
                     yield chunk
+                rest = put_back.flush() if put_back is not None else b""
+                if rest:  # a last line without its newline
+                    assembler.feed(rest)
+                    if assembler.final is not None and not done:
+                        done = True
+                        await self._commit(assembler.final, release=False)
+                    yield rest
             except UpstreamError as exc:
                 # Headers are gone already: tell the client in-stream, as OpenAI does.
                 error = exc
