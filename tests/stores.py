@@ -1,14 +1,18 @@
 """The Store backends every store contract test runs against, and what those tests share.
 
-``store`` (the SQLite store and the in-memory fake, one test run each) and
-``clock`` are fixtures, registered for the whole suite by tests/conftest.py.
+``store`` (the SQLite store, the in-memory fake and a real Redis, one test
+run each) and ``clock`` are fixtures, registered for the whole suite by
+tests/conftest.py. Each Redis store works under a key prefix of its own,
+deleted when the store closes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +22,50 @@ import pytest
 
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.memory import MemoryStore
+from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 
-BACKENDS = ["sqlite", "memory"]
+BACKENDS = ["sqlite", "memory", "redis"]
 ALICE = SessionRef("tenant-a", "chat-1")
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+START_REDIS = (
+    'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no'
+    " --dir /var/lib/redis --logfile /var/log/redis/ci.log"
+)
+
+
+def require_redis() -> str:
+    """The test Redis's URL; a test FAILS (never skips) with how to start it when it is down."""
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=1.0).close()
+    except OSError:
+        pytest.fail(
+            f"Redis is not reachable on 127.0.0.1:6379 (the Redis store's tests need it). "
+            f"Start it with: {START_REDIS}",
+            pytrace=False,
+        )
+    return REDIS_URL
+
+
+class ScratchRedisStore(RedisStore):
+    """A Redis store under a key prefix of its own, every key of which is deleted on close."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, prefix=f"ctxtest:{uuid.uuid4().hex}:", **options)
+
+    async def close(self) -> None:
+        client = self._client
+        if client is not None:
+            keys = [key async for key in client.scan_iter(match=self.prefix + "*", count=1000)]
+            if keys:
+                await client.unlink(*keys)
+        await super().close()
 
 
 def make_store(backend: str, directory: Path) -> Store:
+    if backend == "redis":
+        return ScratchRedisStore(require_redis())
     # A nested directory: the SQLite store must create it.
     return SqliteStore(directory / "db" / "store.sqlite") if backend == "sqlite" else MemoryStore()
 
