@@ -39,6 +39,8 @@ DEFAULT_DRAIN_S = 2.0
 
 def store_problem(config: Config) -> str | None:
     """Why the SQLite store cannot be opened, or None; checked before the server starts."""
+    if getattr(config.store, "url", None):
+        return None  # a shared store (PostgreSQL, Redis) reports its own connection errors
     path = Path(config.store.path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
