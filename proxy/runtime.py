@@ -35,6 +35,7 @@ def build_upstream(config: UpstreamConfig) -> Upstream:
         api_base=config.api_base,
         api_key=config.api_key,
         timeout_s=config.timeout_s,
+        name=config.name,
     )
 
 

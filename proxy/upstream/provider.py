@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -168,6 +169,7 @@ class LitellmUpstream:
         api_key: str | None,
         timeout_s: float,
         extra: Mapping[str, Any] | None = None,
+        name: str | None = None,
     ) -> None:
         clash = _CONTROL_KWARGS.intersection(extra or {})
         if clash:
@@ -177,6 +179,9 @@ class LitellmUpstream:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.extra = dict(extra or {})
+        # Named in errors that reach logs and clients: which upstream, which host.
+        where = urlsplit(api_base).netloc if api_base else model
+        self.origin = f"Upstream {name!r} ({where})" if name else f"The provider ({where})"
         # Imported here, once, so the first request does not pay for it.
         self._lib = load_litellm()
         self._streams: set[StreamResponse] = set()
@@ -231,7 +236,7 @@ class LitellmUpstream:
         lib = self._lib
         unanswered = no_answer_error(lib, exc)
         if unanswered is not None:
-            raise unanswered from exc
+            raise type(unanswered)(f"{self.origin}: {unanswered.message}") from exc
         exc = unwrap(exc)
         status = error_status(exc)
         code = None
