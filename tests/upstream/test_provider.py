@@ -327,10 +327,12 @@ async def test_overloaded_keeps_the_provider_status(
 @STREAM
 async def test_unreachable_api_base_raises_upstream_error(stream: bool) -> None:
     nowhere = f"http://127.0.0.1:{closed_port()}"
-    up = LitellmUpstream(MODEL, api_base=nowhere, api_key="k", timeout_s=5)
+    up = LitellmUpstream(MODEL, api_base=nowhere, api_key="k", timeout_s=5, name="claude")
     with pytest.raises(UpstreamError) as caught:
         await up.send(chat({**user("hi"), "stream": stream}))
     assert not isinstance(caught.value, UpstreamTimeout)
+    # The error names the upstream and its host (in the client's answer and the log).
+    assert caught.value.message.startswith(f"Upstream 'claude' ({nowhere.removeprefix('http://')})")
 
 
 def test_a_timeout_litellm_reports_as_a_500_still_raises_upstream_timeout(
