@@ -15,7 +15,9 @@ from starlette.routing import Route
 
 from proxy.chat.pipeline import chat_completions
 from proxy.config.model import Config
+from proxy.context.calibration import Calibration
 from proxy.context.model_info import load_model_map, offline_environment
+from proxy.coordination.setup import build_coordinator
 from proxy.errors import InvalidRequest, NotFound, ProxyError
 from proxy.http.body import error_response
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
@@ -27,7 +29,8 @@ from proxy.passthrough.models import models
 from proxy.passthrough.relay import relay
 from proxy.responses.pipeline import create_response
 from proxy.responses.stored import delete_response, list_input_items, retrieve_response
-from proxy.runtime import Runtime, build_upstream
+from proxy.runtime import Runtime, build_store_for, build_upstream
+from proxy.store.backends import backend_name
 from proxy.store.base import Store
 from proxy.telemetry.logging import get_logger
 from proxy.telemetry.metrics import metrics_endpoint
@@ -68,12 +71,13 @@ def create_app(
 ) -> Starlette:
     offline_environment()
     if store is None:
-        from proxy.store.sqlite import SqliteStore
-
-        store = SqliteStore(config.store.path)
+        store = build_store_for(config)
+    calibration = Calibration()
     runtime = Runtime(
         config=config,
         store=store,
+        calibration=calibration,
+        coordinator=build_coordinator(config.coordination, calibration),
         upstreams=upstreams
         if upstreams is not None
         else {name: build_upstream(u) for name, u in config.upstreams.items()},
@@ -84,6 +88,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         await runtime.store.open()
+        await runtime.coordinator.open()
         if runtime.rewriter.needs_model_info():
             # Read litellm's model map now (~30 ms, not litellm itself), off the event loop.
             await asyncio.to_thread(load_model_map)
@@ -93,7 +98,13 @@ def create_app(
         reloader = Reloader(runtime, config.source)
         reloader.install()
         # proxy_started (with the address) comes once the socket is bound: proxy.ops.server.
-        log.debug("app_started", routes=len(config.routes), config=config.source)
+        log.debug(
+            "app_started",
+            routes=len(config.routes),
+            config=config.source,
+            store=backend_name(config.store.url),
+            coordination=runtime.coordinator.name,
+        )
         try:
             yield {}
         finally:

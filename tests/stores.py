@@ -1,16 +1,16 @@
 """The Store backends every store contract test runs against, and what those tests share.
 
-``store`` (the SQLite store, the in-memory fake and a real Redis, one test
-run each) and ``clock`` are fixtures, registered for the whole suite by
-tests/conftest.py. Each Redis store works under a key prefix of its own,
-deleted when the store closes.
+``store`` (the SQLite store, the in-memory fake, a real Redis and a real
+PostgreSQL, one test run each) and ``clock`` are fixtures, registered for the
+whole suite by tests/conftest.py. Each Redis store works under a key prefix
+of its own, deleted when the store closes; each PostgreSQL store in a schema
+of its own, dropped when the store closes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,30 +22,13 @@ import pytest
 
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.memory import MemoryStore
+from proxy.store.postgres import PostgresStore
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
+from tests.servers import RUN, require_postgres, require_redis
 
-BACKENDS = ["sqlite", "memory", "redis"]
+BACKENDS = ["sqlite", "memory", "redis", "postgres"]
 ALICE = SessionRef("tenant-a", "chat-1")
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-START_REDIS = (
-    'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no'
-    " --dir /var/lib/redis --logfile /var/log/redis/ci.log"
-)
-
-
-def require_redis() -> str:
-    """The test Redis's URL; a test FAILS (never skips) with how to start it when it is down."""
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=1.0).close()
-    except OSError:
-        pytest.fail(
-            f"Redis is not reachable on 127.0.0.1:6379 (the Redis store's tests need it). "
-            f"Start it with: {START_REDIS}",
-            pytrace=False,
-        )
-    return REDIS_URL
 
 
 class ScratchRedisStore(RedisStore):
@@ -63,9 +46,24 @@ class ScratchRedisStore(RedisStore):
         await super().close()
 
 
+class ScratchPostgresStore(PostgresStore):
+    """A PostgreSQL store in a fresh schema of this test run, dropped on close."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, schema=f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}", **options)
+
+    async def close(self) -> None:
+        pool = self._pool
+        if pool is not None:
+            await pool.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        await super().close()
+
+
 def make_store(backend: str, directory: Path) -> Store:
     if backend == "redis":
         return ScratchRedisStore(require_redis())
+    if backend == "postgres":
+        return ScratchPostgresStore(require_postgres(), pool_size=4)
     # A nested directory: the SQLite store must create it.
     return SqliteStore(directory / "db" / "store.sqlite") if backend == "sqlite" else MemoryStore()
 

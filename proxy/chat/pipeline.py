@@ -89,6 +89,8 @@ class ChatExchange:
         self.conversation: list[dict[str, Any]] = []
         self.decision: Decision | None = None
         self.locked = False
+        # The session lock's fencing token (shared stores check it; proxy/coordination/).
+        self.fence: int | None = None
         self.upstream_ms: float | None = None
         self.policy_s: float | None = None
         self.raw = b""
@@ -142,7 +144,7 @@ class ChatExchange:
         if self.route.history == "server" and self.ref is not None:
             if lock:
                 # Serialise the session: the next request must see this one's reply.
-                await rt.locks.acquire(self.ref)
+                self.fence = await rt.locks.acquire(self.ref)
                 self.locked = True
             started = time.perf_counter()
             stored = await rt.store.history(self.ref)
@@ -431,6 +433,8 @@ class ChatExchange:
             }
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
+        if self.fence is not None:
+            record.detail["fence"] = self.fence
         return record
 
     def _observe(self, r: RequestRecord) -> None:

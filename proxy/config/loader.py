@@ -23,10 +23,15 @@ from proxy.config.model import (
     RouteMatch,
     ServerConfig,
     SessionConfig,
-    StoreConfig,
     UpstreamConfig,
 )
 from proxy.config.node import ANY, Node, duration, show
+from proxy.config.shared import (
+    COORDINATION_KEYS,
+    check_coordination,
+    coordination_config,
+    store_config,
+)
 from proxy.config.summarize import (
     BUILTIN_MODES,
     check_route_policy,
@@ -169,7 +174,17 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     root = Node(
         "",
         data,
-        {"server", "session", "store", "upstreams", "routes", "policies", "logging", "admin"},
+        {
+            "server",
+            "session",
+            "store",
+            "coordination",
+            "upstreams",
+            "routes",
+            "policies",
+            "logging",
+            "admin",
+        },
     )
     ups = root.raw("upstreams")
     if not isinstance(ups, Mapping) or not ups:
@@ -223,14 +238,17 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     fmt = log.text("format", "auto") or "auto"
     if fmt not in ("auto", "json", "console"):
         raise ConfigError("logging.format", f"must be auto, json or console, got {fmt!r}")
-    store = root.child("store", {"path"})
+    store = store_config(root.child("store", {"path", "url", "pool_size", "schema"}))
+    coordination = coordination_config(root.child("coordination", COORDINATION_KEYS))
+    check_coordination(store, coordination)
     return Config(
         upstreams=upstreams,
         routes=routes,
         policies=policies,
         server=_server(root.child("server", {"host", "port", "max_body_bytes"})),
         session=_session(root.child("session", {"header", "fallbacks", "ttl"})),
-        store=StoreConfig(path=store.text("path", StoreConfig.path) or StoreConfig.path),
+        store=store,
+        coordination=coordination,
         logging=LoggingConfig(level=level, format=fmt),  # type: ignore[arg-type]
         admin=_admin(root.child("admin", {"api_key"})),
         source=source,

@@ -12,7 +12,10 @@ covers, path hash of the last item it covers). A request needing a range
 already in progress (a prefetch, or a concurrent request) waits for that
 call instead of making another. Across processes, the store is checked
 before the call, and saving is first-writer-wins per range, so a late
-duplicate is never stored.
+duplicate is never stored. With shared ``flights`` (proxy/coordination/,
+Redis), the range is also claimed across instances before the call: an
+instance that finds it claimed waits for the summary to reach the store
+(proxy/context/summary_flight.py) instead of calling the summarizer too.
 
 A summary is stored only after the summarizer answered; a failure leaves
 the store as it was, and the request is served by the trimming fallback.
@@ -52,6 +55,8 @@ from proxy.context.summarizer import (
     SummaryFailed,
     SummaryRequest,
 )
+from proxy.context.summary_flight import Claim, claim_range
+from proxy.coordination.base import Flights
 from proxy.store.base import (
     MessageIn,
     SessionRef,
@@ -120,11 +125,14 @@ class SummaryService:
         store: Store,
         background: Background,
         metrics: Metrics,
+        *,
+        flights: Flights | None = None,
         breaker: Breaker | None = None,
     ) -> None:
         self.store = store
         self.background = background
         self.metrics = metrics
+        self.flights = flights
         self._inflight: dict[_Key, asyncio.Task[_Result]] = {}
         # Repeated failures of a route's summarizer stop its calls for a while.
         self.breaker = breaker or Breaker()
@@ -247,40 +255,21 @@ class SummaryService:
             for found in await self.store.summaries_for(ctx.ref, paths[: task.end]):
                 if (found.covers_path_hash, found.start_unit) == (end, task.start_unit):
                     return found
-            summarizer = ctx.summarizer()
-            fields["counted"] = summarizer.model != EXTRACTIVE_MODEL  # offline: never "down"
-            previous = task.previous
-            output = await summarizer.summarize(
-                SummaryRequest(
-                    previous=previous.text if previous is not None else None,
-                    transcript=transcript(ctx.messages, task.source),
-                    max_tokens=task.max_tokens,
+            claim: Claim | None = None
+            if self.flights is not None:
+                claimed = await claim_range(
+                    self.flights, self.store, ctx.ref, task, paths, ctx.spec.summarizer.timeout_s
                 )
-            )
-            if fields.pop("counted"):
-                self.breaker.success(ctx.route)  # it answered (what follows is ours)
-            source = [message_text(ctx.messages[i]) for i in task.source]
-            if previous is not None:
-                source += [previous.text, *(f.value for f in previous.facts)]
-            flagged = unsupported(output.text, "\n".join(source))
-            covered = [
-                MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
-                for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
-            ]
-            stored = await self.store.save_summary(
-                ctx.ref,
-                covered,
-                SummaryIn(
-                    text=output.text,
-                    start_unit=task.start_unit,
-                    facts=tuple(f.as_json() for f in task.facts),
-                    flagged=tuple(flagged),
-                    model=output.model,
-                    prompt_hash=summarizer.prompt_hash,
-                    usage=output.usage,
-                    previous_summary_id=previous.id if previous is not None else None,
-                ),
-            )
+                if isinstance(claimed, SummaryFailed):
+                    return self._failed(claimed, fields, started, ctx.route)
+                if not isinstance(claimed, Claim):
+                    return claimed  # another instance made it
+                claim = claimed
+            try:
+                stored, output, flagged = await self._summarize(ctx, task, fields)
+            finally:
+                if claim is not None:
+                    await claim.done()
         except SummaryFailed as exc:
             return self._failed(exc, fields, started, ctx.route)
         except Exception as exc:  # the boundary: a summary is optional, the request is not
@@ -294,6 +283,47 @@ class SummaryService:
             log.warning("summary_unverified_entities", summary_id=stored.id, count=len(flagged))
             log.debug("summary_unverified_entities_values", summary_id=stored.id, values=flagged)
         return stored
+
+    async def _summarize(
+        self, ctx: SummaryContext, task: SummaryTask, fields: dict[str, Any]
+    ) -> tuple[StoredSummary, Any, list[str]]:
+        """Call the summarizer and store what it made (raises SummaryFailed)."""
+        assert ctx.ref is not None and ctx.hashes is not None
+        summarizer = ctx.summarizer()
+        fields["counted"] = summarizer.model != EXTRACTIVE_MODEL  # offline: never "down"
+        previous = task.previous
+        output = await summarizer.summarize(
+            SummaryRequest(
+                previous=previous.text if previous is not None else None,
+                transcript=transcript(ctx.messages, task.source),
+                max_tokens=task.max_tokens,
+            )
+        )
+        if fields.pop("counted"):
+            self.breaker.success(ctx.route)  # it answered (what follows is ours)
+        source = [message_text(ctx.messages[i]) for i in task.source]
+        if previous is not None:
+            source += [previous.text, *(f.value for f in previous.facts)]
+        flagged = unsupported(output.text, "\n".join(source))
+        covered = [
+            MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
+            for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
+        ]
+        stored = await self.store.save_summary(
+            ctx.ref,
+            covered,
+            SummaryIn(
+                text=output.text,
+                start_unit=task.start_unit,
+                facts=tuple(f.as_json() for f in task.facts),
+                flagged=tuple(flagged),
+                model=output.model,
+                prompt_hash=summarizer.prompt_hash,
+                usage=output.usage,
+                previous_summary_id=previous.id if previous is not None else None,
+            ),
+        )
+        return stored, output, flagged
 
     def _failed(
         self, exc: SummaryFailed, fields: dict[str, Any], started: float, route: str

@@ -30,6 +30,7 @@ import uvicorn
 
 from proxy.config.model import Config
 from proxy.ops.health import Lifecycle
+from proxy.store.backends import backend_name
 from proxy.telemetry.logging import get_logger
 
 log = get_logger()
@@ -39,7 +40,7 @@ DEFAULT_DRAIN_S = 2.0
 
 def store_problem(config: Config) -> str | None:
     """Why the SQLite store cannot be opened, or None; checked before the server starts."""
-    if getattr(config.store, "url", None):
+    if config.store.url:
         return None  # a shared store (PostgreSQL, Redis) reports its own connection errors
     path = Path(config.store.path)
     try:
@@ -69,10 +70,17 @@ class Server(uvicorn.Server):
     """uvicorn's server, with the proxy's own start line, drain on SIGTERM and stop line."""
 
     def __init__(
-        self, config: uvicorn.Config, proxy: Config, lifecycle: Lifecycle, drain_s: float
+        self,
+        config: uvicorn.Config,
+        proxy: Config,
+        lifecycle: Lifecycle,
+        drain_s: float,
+        described: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(config)
         self.proxy = proxy
+        # What proxy_started says besides the address (store, coordination).
+        self.described = described or {}
         self.lifecycle = lifecycle
         self.drain_s = drain_s
         self._drain_until: float | None = None
@@ -93,6 +101,7 @@ class Server(uvicorn.Server):
             port=port,
             routes=len(config.routes),
             config=config.source,
+            **self.described,
             process_age_s=process_age_s(),
         )
 
@@ -167,6 +176,10 @@ def serve(
         config,
         app.state.lifecycle,
         drain_s,
+        {
+            "store": backend_name(config.store.url),
+            "coordination": app.state.runtime.coordinator.name,
+        },
     )
     try:
         server.run()
