@@ -16,9 +16,10 @@ runs and nothing is stored: this is a reverse proxy hop, no more.
   streams (``/v1/completions`` with ``stream: true``) and binary audio flow
   through chunk by chunk. An upstream failing midway leaves the response
   unfinished, so the client sees a truncated body rather than a complete one.
-- Refused here, in OpenAI's error shape: no route for the path (404), a
-  route to a ``litellm_model`` upstream (400 ``unsupported_endpoint``:
-  litellm translates chat completions and Responses only), an unreachable
+- A route to a ``litellm_model`` upstream: ``POST /v1/embeddings`` (JSON) is
+  translated by litellm for that provider; any other path is refused (400
+  ``unsupported_endpoint``), since litellm has no generic translation.
+- Refused here, in OpenAI's error shape: no route for the path (404), an unreachable
   upstream (502, naming it) or one that does not answer in time (504).
 """
 
@@ -41,6 +42,9 @@ from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
 
 log = get_logger()
+
+# What a litellm_model upstream can answer here (litellm translates the body).
+TRANSLATED = frozenset({("POST", "/v1/embeddings")})
 
 
 def is_json(content_type: str) -> bool:
@@ -130,12 +134,14 @@ class Relay:
                 streamed = _ClientBody(request.receive)
         self.route = route = self._match(path, model)
         config = rt.config.upstreams[route.upstream]
-        if config.base_url is None:
+        if config.base_url is None and (
+            (request.method, path) not in TRANSLATED or streamed is not None
+        ):
             raise InvalidRequest(
                 f"{request.method} {path} cannot go to upstream {route.upstream!r}: it is a "
                 f"litellm_model upstream ({config.litellm_model}), and litellm translates "
-                "/v1/chat/completions and /v1/responses only. Route this path to an "
-                "OpenAI-compatible upstream (one with a base_url).",
+                "/v1/chat/completions, /v1/responses and JSON /v1/embeddings only. Route this "
+                "path to an OpenAI-compatible upstream (one with a base_url).",
                 code="unsupported_endpoint",
             )
         sent = forward_headers(headers.items(), config, rt.config.session.header)

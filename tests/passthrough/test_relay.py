@@ -338,7 +338,7 @@ def test_litellm_upstream_refuses_other_endpoints_clearly(endpoints, tmp_path, l
     )
     proxy = ProxyServer(loop_thread, config)
     try:
-        response = httpx.post(f"{proxy.url}/v1/embeddings", json={"model": "m", "input": "x"})
+        response = httpx.post(f"{proxy.url}/v1/moderations", json={"model": "m", "input": "x"})
     finally:
         proxy.stop()
     assert response.status_code == 400
@@ -380,3 +380,34 @@ def test_concurrent_streams_do_not_mix(endpoints, relay_proxy):
     for t in threads:
         t.join()
     assert results == [AUDIO] * 8
+
+
+def test_embeddings_through_a_litellm_upstream_are_translated(endpoints, tmp_path, loop_thread):
+    fake, server = endpoints
+    config = make_config(
+        server.url,
+        tmp_path,
+        extra={
+            "upstreams": {
+                "embed": {
+                    "litellm_model": "openai/text-embedding-3-small",
+                    "api_base": f"{server.url}/v1",
+                    "api_key": "sk-provider",
+                }
+            }
+        },
+        routes=[{"match": {"path": "/v1/embeddings"}, "upstream": "embed"}],
+    )
+    proxy = ProxyServer(loop_thread, config)
+    try:
+        result = client(proxy).embeddings.create(
+            model="my-embedder", input=["a", "b"], encoding_format="float"
+        )
+    finally:
+        proxy.stop()
+    assert [d.embedding for d in result.data] == [[0.25, -0.5, 0.0], [0.25, -0.5, 1.0]]
+    assert result.model == "my-embedder"  # the client's name for it
+    (call,) = fake.received
+    assert call.path == "/v1/embeddings"
+    assert call.json["model"] == "text-embedding-3-small" and call.json["input"] == ["a", "b"]
+    assert call.headers["Authorization"] == "Bearer sk-provider"
