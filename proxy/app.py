@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -17,9 +18,11 @@ from proxy.chat.pipeline import chat_completions
 from proxy.config.model import Config
 from proxy.context.calibration import Calibration
 from proxy.context.model_info import load_model_map, offline_environment
+from proxy.context.tokens import preload_encodings
 from proxy.coordination.setup import build_coordinator
 from proxy.errors import InvalidRequest, NotFound, ProxyError
 from proxy.http.body import error_response
+from proxy.http.guard import ErrorGuard
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
 from proxy.ops.health import Lifecycle, healthz, readyz
@@ -56,13 +59,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(error, exc.headers)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    # The one boundary where any exception is caught: the client gets OpenAI's
-    # error shape, never a traceback; the log gets the details.
-    log.error("unhandled_error", path=request.url.path, error=repr(exc), exc_info=exc)
-    return error_response(ProxyError("The proxy failed to handle this request."))
-
-
 def create_app(
     config: Config,
     *,
@@ -89,6 +85,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         await runtime.store.open()
         await runtime.coordinator.open()
+        # The bundled encodings take a second to load: in a thread now, not on a request.
+        await asyncio.to_thread(preload_encodings)
         if runtime.rewriter.needs_model_info():
             # Read litellm's model map now (~30 ms, not litellm itself), off the event loop.
             await asyncio.to_thread(load_model_map)
@@ -132,8 +130,9 @@ def create_app(
         exception_handlers={
             ProxyError: _proxy_error,
             HTTPException: _http_error,
-            Exception: _unexpected,
         },
+        # Unexpected errors: answered inside Starlette's own last resort (which re-raises).
+        middleware=[Middleware(ErrorGuard)],
         lifespan=lifespan,
     )
     app.state.runtime = runtime

@@ -24,10 +24,18 @@ from proxy.chat.policy_step import choose_mode, summarize
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
 from proxy.config.model import RouteConfig
 from proxy.context.summaries import SummaryContext, SummaryOutcome
-from proxy.context.tokens import counter_for
+from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
-from proxy.http.sessions import bearer_token, content_hash, session_key, session_ref, tenant_of
+from proxy.http.sessions import (
+    bearer_token,
+    content_hash,
+    header_value,
+    session_key,
+    session_ref,
+    tenant_of,
+)
+from proxy.http.shape import check_chat, check_chat_history, valid_reply
 from proxy.runtime import Runtime
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
 from proxy.telemetry.logging import get_logger
@@ -40,30 +48,10 @@ log = get_logger()
 _ID_PREFIX = os.urandom(6).hex()
 _ID_COUNTER = itertools.count(1)
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
 
 def validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if messages is None:
-        raise InvalidRequest(
-            "'messages' is required.", param="messages", code="missing_required_parameter"
-        )
-    if not isinstance(messages, list):
-        raise InvalidRequest("'messages' must be an array.", param="messages", code="invalid_type")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(
-                f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
-            )
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
-                param=f"messages[{i}].role",
-                code="invalid_value",
-            )
-    return messages
+    """The body's shape (proxy/http/shape.py); its messages."""
+    return check_chat(body)
 
 
 class ChatExchange:
@@ -141,6 +129,7 @@ class ChatExchange:
         self.ref = session_ref(self.tenant, self.key)
 
         self.conversation = messages
+        left_out: list[int] = []
         if self.route.history == "server" and self.ref is not None:
             if lock:
                 # Serialise the session: the next request must see this one's reply.
@@ -149,8 +138,12 @@ class ChatExchange:
             started = time.perf_counter()
             stored = await rt.store.history(self.ref)
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
+            left_out = check_chat_history(stored, self.ref.key)
             self.conversation = [item.message for item in stored] + messages
 
+        if len(self.raw) >= LONG_TEXT or self.conversation is not messages:
+            # Long texts are counted in a worker thread first: no stall for the others.
+            await counter_for(model).precount(self.conversation)
         counts: list[int] | None = None
         if self.ref is not None:
             # Each message's identity in the store (and the token cache's key) and
@@ -158,6 +151,13 @@ class ChatExchange:
             self.stored = rt.messages.messages(self.ref, self.conversation, counter_for(model))
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]
+            if left_out:
+                # Stored whole (self.stored), forwarded without the replies that were not one.
+                skip = set(left_out)
+                keep = [i for i in range(len(self.conversation)) if i not in skip]
+                self.conversation = [self.conversation[i] for i in keep]
+                self.hashes = [self.hashes[i] for i in keep]
+                counts = [counts[i] for i in keep]
         choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
         spec = rt.rewriter.spec(self.policy)
@@ -228,23 +228,59 @@ class ChatExchange:
             return error_response(error, self._headers())
         reply: dict[str, Any] | None = None
         usage: dict[str, Any] | None = None
+        invalid: UpstreamError | None = None
         if response.status == 200:
             reply, usage = reply_from_completion(content)
-        self._finish(response.status, reply, usage=usage, upstream_status=response.status)
+            if reply is None or not valid_reply(reply):
+                # Relayed as it came, but not an answer: the user message is not
+                # stored as if it had been answered; the row says why.
+                reply = None
+                invalid = UpstreamError(
+                    "The upstream's 200 answer is not a chat completion.",
+                    code="upstream_invalid_response",
+                )
+            elif "role" not in reply:
+                reply["role"] = "assistant"
+        if reply is not None and len(content) >= LONG_TEXT:
+            await counter_for(self.model or "").precount([reply])
+        # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        future = self._finish(
+            response.status,
+            reply,
+            usage=usage,
+            upstream_status=response.status,
+            error=invalid,
+            failed=invalid is not None,
+        )
+        if future is not None and self._durable():
+            # The next request replays this one: committed before the client has it.
+            await self._committed(future)
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
         assembler = ChatReplyAssembler()
 
+        durable = self._durable()
+
         async def relay() -> AsyncIterator[bytes]:
             error: ProxyError | None = None
+            finished = counted = False
             self.rt.metrics.active_streams.inc()
             try:
                 async for chunk in response.iter_chunks():
                     assembler.feed(chunk)
+                    if assembler.whole and not counted:
+                        counted = True
+                        if assembler.size >= LONG_TEXT:
+                            await counter_for(self.model or "").precount([assembler.message()])
+                        if durable:
+                            # The chunk holding [DONE] waits for the commit: a reply
+                            # the client saw complete is a reply stored.
+                            finished = True
+                            await self._committed(self._finish_stream(assembler, None, None))
                     yield chunk
             except UpstreamError as exc:
                 # Headers are gone already: tell the client in-stream, as OpenAI does.
@@ -252,26 +288,63 @@ class ChatExchange:
                 yield b"data: " + exc.body_bytes() + b"\n\n"
             finally:
                 self.rt.metrics.active_streams.dec()
-                self._finish(
-                    200,
-                    assembler.message() if assembler.chunks else None,
-                    usage=assembler.usage,
-                    upstream_status=200,
-                    incomplete=not assembler.done,
-                    error=error,
-                    upstream=response,
-                )
+                if finished:
+                    self.rt.background.spawn(response.close(), name=f"close-{self.id}")
+                else:
+                    self._finish_stream(assembler, error, response)
 
         out = StreamingResponse(relay(), status_code=200)
         out.raw_headers = relay_headers(response.headers, self._headers())
         return out
+
+    def _finish_stream(
+        self,
+        assembler: ChatReplyAssembler,
+        error: ProxyError | None,
+        upstream: UpstreamResponse | None,
+    ) -> asyncio.Future[Any] | None:
+        """Record a relayed stream: whole, cut short (stored, marked), or malformed (not)."""
+        malformed = assembler.malformed > 0 and error is None
+        if malformed:
+            error = UpstreamError(
+                f"The upstream's stream had {assembler.malformed} malformed event(s).",
+                code="upstream_malformed_stream",
+            )
+        return self._finish(
+            200,
+            assembler.message() if assembler.chunks else None,
+            usage=assembler.usage,
+            upstream_status=200,
+            incomplete=not assembler.whole,
+            error=error,
+            failed=malformed,
+            upstream=upstream,
+        )
+
+    def _durable(self) -> bool:
+        """Whether the exchange is committed before the last byte reaches the client.
+
+        ``history: server``: the next request replays the stored reply, so a
+        reply the client saw must survive a crash. Client-held history keeps
+        the write off the response path (the client holds the reply).
+        """
+        return self.ref is not None and self.route is not None and self.route.history == "server"
+
+    async def _committed(self, future: asyncio.Future[Any] | None) -> None:
+        if future is None:
+            return
+        try:
+            await asyncio.shield(future)
+        except Exception as exc:
+            # The answer still reaches the client; the failed write is logged.
+            log.error("exchange_store_failed", request_id=self.id, error=repr(exc))
 
     # -- the record -------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:
         h = {"x-ctxproxy-request-id": self.id}
         if self.key is not None:
-            h["x-session-id"] = self.key
+            h["x-session-id"] = header_value(self.key)
         if self.route is not None:
             h["x-context-policy"] = self.policy or self.route.policy
         if self.mode is not None:
@@ -308,7 +381,8 @@ class ChatExchange:
         error: ProxyError | None = None,
         failed: bool = False,
         upstream: UpstreamResponse | None = None,
-    ) -> None:
+    ) -> asyncio.Future[Any] | None:
+        """Log, count and queue the write; the write's future when the store queued it."""
         total_ms = (time.perf_counter() - self.started) * 1000
         record = self._record(status, upstream_status, usage, incomplete, error, total_ms)
         self._log(record)
@@ -319,7 +393,7 @@ class ChatExchange:
             self._unlock()
             if upstream is not None:
                 self.rt.background.spawn(upstream.close(), name=f"close-{self.id}")
-            return
+            return None
         ok = not failed and upstream_status == 200
         conversation = self._stored_conversation() if ok else []
         reply_in: MessageIn | None = None
@@ -343,11 +417,12 @@ class ChatExchange:
             future = self.rt.store.record_exchange_soon(self.ref, conversation, reply_in, record)
             future.add_done_callback(functools.partial(self._written, time.perf_counter()))
             self.rt.background.track(future, name=f"store-{self.id}")
-            return
+            return future
         self.rt.background.spawn(
             self._write(self.ref, conversation, reply_in, record, upstream),
             name=f"store-{self.id}",
         )
+        return None
 
     async def _write(
         self,

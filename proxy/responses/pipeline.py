@@ -39,10 +39,19 @@ from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, NoneSpec
 from proxy.chat.pipeline import ChatExchange
+from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
-from proxy.responses.items import ItemCounter, decide, input_items, item_hash, item_role
+from proxy.http.shape import check_responses
+from proxy.responses.items import (
+    ItemCounter,
+    chat_view,
+    decide,
+    input_items,
+    item_hash,
+    item_role,
+)
 from proxy.responses.previous_id import PutBackStream, put_back
 from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
@@ -102,6 +111,7 @@ class ResponsesExchange(ChatExchange):
     async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
         """Route, previous chain, session and the policy's decision (read-only)."""
         rt = self.rt
+        check_responses(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a string.", param="model")
@@ -115,6 +125,9 @@ class ResponsesExchange(ChatExchange):
         self.chain_len = len(chain)
         self.conversation = [stored.message for stored in chain] + items
         self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
+        if len(self.raw) >= LONG_TEXT:
+            # Long texts are counted in a worker thread first: no stall for the others.
+            await counter_for(model).precount(map(chat_view, self.conversation))
         # An unknown previous response: the upstream holds the context, the
         # input alone is not it, so there is nothing here to trim.
         spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
@@ -203,13 +216,20 @@ class ResponsesExchange(ChatExchange):
         if self.previous is not None and response.status == 200:
             content = put_back(content, self.previous.id)  # sent as input: say it continued
         answer = response_from_body(content) if response.status == 200 else None
-        if answer is not None:
-            await self._commit(answer)
-        else:
-            self._finish(response.status, None, upstream_status=response.status)
+        # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        if answer is not None:
+            await self._commit(answer)
+        else:
+            invalid = None
+            if response.status == 200:
+                invalid = UpstreamError(
+                    "The upstream's 200 answer is not a response object.",
+                    code="upstream_invalid_response",
+                )
+            self._finish(response.status, None, upstream_status=response.status, error=invalid)
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
@@ -293,6 +313,8 @@ class ResponsesExchange(ChatExchange):
             return
         ref = SessionRef(self.tenant, self.key)
         counter = ItemCounter(self.model or "")
+        outputs = [o for o in answer.get("output") or () if isinstance(o, dict)]
+        await counter.counter.precount(map(chat_view, outputs))
         conversation = [
             MessageIn(item, h, item_role(item), counter.count(item, h))
             for item, h in zip(self.conversation, self.item_hashes, strict=True)
