@@ -85,12 +85,18 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         await runtime.store.open()
         await runtime.coordinator.open()
-        # The bundled encodings take a second to load: in a thread now, not on a request.
-        await asyncio.to_thread(preload_encodings)
         if runtime.rewriter.needs_model_info():
             # Read litellm's model map now (~30 ms, not litellm itself), off the event loop.
             await asyncio.to_thread(load_model_map)
-        lifecycle.started = True
+
+        async def warm_up() -> None:
+            # The bundled encodings take a second of CPU to load: in a thread, while
+            # the socket binds, never on a request. /healthz answers meanwhile;
+            # /readyz only once they are loaded.
+            await asyncio.to_thread(preload_encodings)
+            lifecycle.started = True
+
+        warming = asyncio.create_task(warm_up(), name="warm-up")
         expiry = Expiry(runtime)
         expiry.start()
         reloader = Reloader(runtime, config.source)
@@ -106,6 +112,7 @@ def create_app(
         try:
             yield {}
         finally:
+            await warming  # a thread cannot be cancelled: let it finish (a second at most)
             reloader.uninstall()
             await expiry.stop()
             await runtime.close()

@@ -1,7 +1,8 @@
 """Health: ``/healthz`` (the process answers) and ``/readyz`` (it should be sent traffic).
 
-``/readyz`` is 200 once the store is open and a read on it succeeds within
-``PROBE_TIMEOUT_S``; 503 before start-up finished, while the store does not
+``/readyz`` is 200 once the store is open, the token encodings are loaded
+(in a thread, after the socket is bound) and a read on the store succeeds
+within ``PROBE_TIMEOUT_S``; 503 before start-up finished, while the store does not
 answer, and from the moment a SIGTERM starts draining the process (so a load
 balancer stops sending new requests while the ones in flight finish).
 """
