@@ -14,9 +14,11 @@ from typing import Any
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.masking import mask_spec
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
+    CacheConfig,
     Config,
     LoggingConfig,
     RouteConfig,
@@ -105,6 +107,20 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
+        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+    )
+
+
+def _cache(node: Node) -> CacheConfig:
+    breakpoints = node.text("breakpoints", "auto")
+    if breakpoints not in ("auto", "off"):
+        raise ConfigError(node.at("breakpoints"), f"must be auto or off, got {breakpoints!r}")
+    key = node.text("prompt_cache_key", "session")
+    if key not in ("session", "off"):
+        raise ConfigError(node.at("prompt_cache_key"), f"must be session or off, got {key!r}")
+    return CacheConfig(
+        breakpoints="off" if breakpoints == "off" else "auto",
+        prompt_cache_key="off" if key == "off" else "session",
     )
 
 
@@ -113,8 +129,8 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
     if strategy == "summarize":
         return summarize_policy(node, base_dir, upstreams)
     if strategy in (None, "none"):
-        Node(node.path, node.value, {"strategy"})
-        return NoneSpec()
+        node = Node(node.path, node.value, {"strategy", "mask_tool_outputs"})
+        return NoneSpec(mask_tool_outputs=mask_spec(node))
     if strategy == "trim":
         node = Node(
             node.path,
@@ -126,6 +142,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
                 "context_fraction",
                 "low_water",
                 "tool_output_max_tokens",
+                "mask_tool_outputs",
             },
         )
         spec = TrimSpec(
@@ -134,6 +151,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
             context_fraction=node.number("context_fraction", high=1.0),
             low_water=node.number("low_water", high=1.0),
             tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
+            mask_tool_outputs=mask_spec(node),
         )
         if spec.max_turns is None and spec.max_tokens is None and spec.context_fraction is None:
             raise ConfigError(
@@ -204,6 +222,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
                     "connect_timeout_s",
                     "headers",
                     "responses",
+                    "cache",
                 },
             ),
         )

@@ -63,6 +63,16 @@ class CoordinationConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    """An upstream's `cache`: prompt-cache hints the proxy adds (README, "Prompt caching")."""
+
+    # "auto": Anthropic cache_control breakpoints for Claude models behind litellm.
+    breakpoints: Literal["auto", "off"] = "auto"
+    # "session": a prompt_cache_key per session for OpenAI-compatible upstreams.
+    prompt_cache_key: Literal["session", "off"] = "session"
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     name: str
     # An OpenAI-compatible upstream has a base URL ...
@@ -78,6 +88,7 @@ class UpstreamConfig:
     # How /v1/responses reaches it: "native" forwards to its own /responses;
     # "bridge" translates to chat completions and back (litellm_model: always).
     responses: Literal["native", "bridge"] = "native"
+    cache: CacheConfig = CacheConfig()
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,13 @@ REQUEST_COLUMNS = (
     " status, upstream_status, messages_before, messages_after, tokens_before, tokens_after,"
     " turns_dropped, messages_dropped, dropped_indexes, dropped_item_ids, reason, error,"
     " incomplete, upstream_ms, total_ms, usage_json, detail_json, first_item_id,"
-    " last_item_id, reply_item_id, created_at"
+    " last_item_id, reply_item_id, created_at,"
+    " upstream_prompt_tokens, cached_tokens, cache_write_tokens, stable_prefix"
 )
 _REQUEST_NAMES = tuple(name.strip() for name in REQUEST_COLUMNS.split(","))
 _INSERT_REQUEST = (
     f"INSERT INTO requests ({REQUEST_COLUMNS}) VALUES ("
-    + ", ".join(f"${i}" for i in range(1, 32))
+    + ", ".join(f"${i}" for i in range(1, len(_REQUEST_NAMES) + 1))
     + ")"
 )
 
