@@ -25,7 +25,7 @@ from proxy.http.body import error_response
 from proxy.http.guard import ErrorGuard
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
-from proxy.ops.health import Lifecycle, healthz, readyz
+from proxy.ops.health import Lifecycle, WarmUpGate, healthz, readyz
 from proxy.ops.preview import context_preview
 from proxy.ops.reload import Reloader
 from proxy.passthrough.models import models
@@ -93,8 +93,12 @@ def create_app(
             # The bundled encodings take a second of CPU to load: in a thread, while
             # the socket binds, never on a request. /healthz answers meanwhile;
             # /readyz only once they are loaded.
-            await asyncio.to_thread(preload_encodings)
-            lifecycle.started = True
+            try:
+                await asyncio.to_thread(preload_encodings)
+            except Exception as exc:  # requests load them (and fail) on their own then
+                log.error("warm_up_failed", error=repr(exc))
+            finally:
+                lifecycle.set_started()  # never leave a gated request waiting
 
         warming = asyncio.create_task(warm_up(), name="warm-up")
         expiry = Expiry(runtime)
@@ -139,7 +143,7 @@ def create_app(
             HTTPException: _http_error,
         },
         # Unexpected errors: answered inside Starlette's own last resort (which re-raises).
-        middleware=[Middleware(ErrorGuard)],
+        middleware=[Middleware(ErrorGuard), Middleware(WarmUpGate, lifecycle=lifecycle)],
         lifespan=lifespan,
     )
     app.state.runtime = runtime

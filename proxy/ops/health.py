@@ -10,10 +10,11 @@ balancer stops sending new requests while the ones in flight finish).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.store.base import SessionRef
 
@@ -28,6 +29,34 @@ class Lifecycle:
 
     started: bool = False
     draining: bool = False
+    # Set with ``started``: requests that came early wait on it (WarmUpGate).
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def set_started(self) -> None:
+        self.started = True
+        self.ready.set()
+
+
+# Answered while warming up: they say how the process is, they need nothing loaded.
+_UNGATED = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class WarmUpGate:
+    """Requests that arrive before the warm-up finished wait for it (a second at most).
+
+    Otherwise the first requests would load the token encodings themselves, on
+    the event loop, stalling every other request (and, across instances, letting
+    a session lock's lease lapse). Once warm, the cost is one attribute check.
+    """
+
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.lifecycle.started and scope["type"] == "http" and scope["path"] not in _UNGATED:
+            await self.lifecycle.ready.wait()
+        await self.app(scope, receive, send)
 
 
 async def healthz(request: Request) -> Response:

@@ -66,7 +66,8 @@ def test_every_line_is_json_started_after_bind_drains_on_sigterm_and_says_stoppe
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: any("proxy_started" in line for line in proxy.lines), timeout=30)
-        assert httpx.get(f"{url}/readyz").status_code == 200
+        # Ready once the encodings are loaded, a moment after the socket is bound.
+        wait_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=30)
         # A 5xx is logged at warning, naming the upstream and its host.
         failed = httpx.post(f"{url}/v1/embeddings", json={"model": "m", "input": "x"})
         assert failed.status_code == 502
