@@ -235,6 +235,8 @@ class ResponsesExchange(ChatExchange):
         if self.previous is not None and response.status == 200:
             content = put_back(content, self.previous.id)  # sent as input: say it continued
         answer = response_from_body(content) if response.status == 200 else None
+        if answer is not None:
+            self._adopt(answer)  # its session, for the headers
         # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
@@ -300,6 +302,21 @@ class ResponsesExchange(ChatExchange):
 
     # -- the record -------------------------------------------------------------
 
+    def _adopt(self, answer: dict[str, Any]) -> bool:
+        """Whether the answer's chain is stored; a session-less one is filed under
+        ``resp:<id>`` (set before the headers are built, so X-Session-Id says so)."""
+        response_id = answer.get("id")
+        self.response_id = response_id if isinstance(response_id, str) else None
+        storable = (
+            self.response_id is not None
+            and answer.get("status") in STORED_STATUSES
+            and not self.previous_unknown
+            and (self.key is not None or self.body.get("store") is not False)
+        )
+        if storable and self.key is None:
+            self.key = f"resp:{self.response_id}"
+        return storable
+
     async def _commit(
         self,
         answer: dict[str, Any],
@@ -312,17 +329,8 @@ class ResponsesExchange(ChatExchange):
 
         ``release``: the upstream is done with (a stream releases at its end).
         """
-        response_id = answer.get("id")
+        storable = self._adopt(answer)
         status = answer.get("status")
-        self.response_id = response_id if isinstance(response_id, str) else None
-        storable = (
-            self.response_id is not None
-            and status in STORED_STATUSES
-            and not self.previous_unknown
-            and (self.key is not None or self.body.get("store") is not False)
-        )
-        if storable and self.key is None:
-            self.key = f"resp:{self.response_id}"
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         record = self._close(200, 200, usage, incomplete or status == "incomplete", error, release)
         if isinstance(status, str):

@@ -45,6 +45,7 @@ def test_requests_before_the_warm_up_wait_for_it_while_health_answers(fake, star
     upstream, _ = fake
     proxy = start_proxy()
     lifecycle = proxy.app.state.lifecycle
+    wait_until(lambda: lifecycle.started, timeout=30)  # the real warm-up is over
     lifecycle.started = False
     lifecycle.ready = asyncio.Event()
     answers: list[int] = []

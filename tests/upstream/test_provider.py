@@ -261,11 +261,11 @@ async def test_openai_fields_the_provider_lacks_are_dropped_not_fatal(
 async def test_other_paths_answer_404_without_calling_the_provider(
     fake: FakeAnthropic, upstream: LitellmUpstream
 ) -> None:
-    response = await upstream.send(chat(user("hi"), path="/embeddings"))
+    response = await upstream.send(chat(user("hi"), path="/audio/speech"))
     assert response.status == 404
     error = orjson.loads(await response.read())["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert "/embeddings" in error["message"]
+    assert "/audio/speech" in error["message"]
     assert fake.requests == []
 
 
