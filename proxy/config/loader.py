@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.client_keys import parse_client_keys
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
@@ -40,14 +41,31 @@ from proxy.config.summarize import (
 )
 from proxy.errors import ConfigError
 
+SERVER_KEYS = {
+    "host",
+    "port",
+    "max_body_bytes",
+    "client_keys",
+    "header_timeout_s",
+    "body_timeout_s",
+    "keep_alive_s",
+    "max_connections",
+}
 
-def _server(node: Node) -> ServerConfig:
+
+def _server(node: Node, base_dir: Path) -> ServerConfig:
     d = ServerConfig()
     return ServerConfig(
         host=node.text("host", d.host) or d.host,
         port=node.integer("port", d.port, minimum=1) or d.port,
         max_body_bytes=node.integer("max_body_bytes", d.max_body_bytes, minimum=1024)
         or d.max_body_bytes,
+        client_keys=parse_client_keys(node.at("client_keys"), node.raw("client_keys"), base_dir),
+        header_timeout_s=node.number("header_timeout_s", d.header_timeout_s) or 0.0,
+        body_timeout_s=node.number("body_timeout_s", d.body_timeout_s) or 0.0,
+        keep_alive_s=node.number("keep_alive_s", d.keep_alive_s) or 0.0,
+        max_connections=node.integer("max_connections", d.max_connections, minimum=1)
+        or d.max_connections,
     )
 
 
@@ -65,6 +83,7 @@ def _session(node: Node) -> SessionConfig:
         header=node.text("header", "X-Session-Id") or "X-Session-Id",
         fallbacks=tuple(fallbacks),
         ttl_s=duration(node, "ttl"),
+        anonymous_tenant=node.text("anonymous_tenant"),
     )
 
 
@@ -245,8 +264,8 @@ def parse_config(data: Any, source: str | None = None) -> Config:
         upstreams=upstreams,
         routes=routes,
         policies=policies,
-        server=_server(root.child("server", {"host", "port", "max_body_bytes"})),
-        session=_session(root.child("session", {"header", "fallbacks", "ttl"})),
+        server=_server(root.child("server", SERVER_KEYS), base_dir),
+        session=_session(root.child("session", {"header", "fallbacks", "ttl", "anonymous_tenant"})),
         store=store,
         coordination=coordination,
         logging=LoggingConfig(level=level, format=fmt),  # type: ignore[arg-type]

@@ -64,7 +64,11 @@ def test_a_repeated_session_header_is_read_from_its_first_occurrence(fake, start
     response = httpx.post(
         f"{proxy.url}/v1/chat/completions",
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
-        headers=[("X-Session-Id", "first"), ("X-Session-Id", "second")],
+        headers=[
+            ("X-Session-Id", "first"),
+            ("X-Session-Id", "second"),
+            ("Authorization", "Bearer sk-a"),
+        ],
     )
     assert response.headers["x-session-id"] == "first"
     proxy.drain()

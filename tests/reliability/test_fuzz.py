@@ -93,7 +93,7 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
 ):
     proxy = reliable_proxy()
     db = tmp_path / "ctxproxy.db"
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10, headers={"authorization": "Bearer sk-fuzz"}) as client:
         _seed(client, proxy)
     before = _snapshot(db)
     tally = Tally()
@@ -111,7 +111,11 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
     r = httpx.post(
         f"{proxy.url}/v1/chat/completions",
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "after"}]},
-        headers={"x-app": "server", "x-session-id": "seeded-server"},
+        headers={
+            "x-app": "server",
+            "x-session-id": "seeded-server",
+            "authorization": "Bearer sk-fuzz",
+        },
         timeout=10,
     )
     assert r.status_code in (200, 400), r.text

@@ -80,7 +80,11 @@ def ask(proxy: ProxyServer, session: str, text: str, stream: bool) -> httpx.Resp
     return httpx.post(
         f"{proxy.url}/v1/chat/completions",
         content=orjson.dumps(body),
-        headers={"x-session-id": session, "content-type": "application/json"},
+        headers={
+            "x-session-id": session,
+            "content-type": "application/json",
+            "authorization": "Bearer sk-a",
+        },
         timeout=30,
     )
 
