@@ -44,6 +44,7 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.http.server import uvicorn_options
     from proxy.telemetry.logging import configure_logging
 
     configure_logging(config.logging.level, config.logging.format)
@@ -63,12 +64,13 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
         # The fast event loop and HTTP parser, named: "auto" would fall back to
         # the slow ones silently. uvloop is not installed on Windows.
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools",
         log_level="warning",
         access_log=False,
         server_header=False,
         date_header=False,
         timeout_graceful_shutdown=30,
+        # httptools, with a header deadline; keep-alive and connection limits.
+        **uvicorn_options(config.server),
     )
 
 

@@ -110,7 +110,9 @@ class ChatExchange:
             raise
 
     async def _run(self) -> Response:
-        self.raw = await read_body(self.request, self.rt.config.server.max_body_bytes)
+        self.raw = await read_body(
+            self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
+        )
         body = parse_object(self.raw)
         await self.plan(body)
         return await self._send(body)

@@ -102,7 +102,9 @@ class ResponsesExchange(ChatExchange):
     # -- the pipeline ---------------------------------------------------------
 
     async def _run(self) -> Response:
-        self.raw = await read_body(self.request, self.rt.config.server.max_body_bytes)
+        self.raw = await read_body(
+            self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
+        )
         self.body = parse_object(self.raw)
         await self.plan(self.body)
         return await self._send(self.body)
