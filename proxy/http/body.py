@@ -61,7 +61,9 @@ async def read_body(request: Request, limit: int, idle_timeout_s: float = 30.0) 
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
-                    break
+                    if message.get("more_body", False):
+                        await _drain(request, limit * DRAIN_FACTOR, idle_timeout_s)
+                    raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
                 if chunk:
                     chunks.append(chunk)
                 if not message.get("more_body", False):
@@ -71,8 +73,6 @@ async def read_body(request: Request, limit: int, idle_timeout_s: float = 30.0) 
         raise RequestTimeout(
             f"The request body did not arrive in time (no data for {idle_timeout_s:g} s)."
         ) from None
-    await _drain(request, limit * DRAIN_FACTOR, idle_timeout_s)
-    raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
 
 
 # How much of an oversize body is read (and dropped) so its sender gets the 413.

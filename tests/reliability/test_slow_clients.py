@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -71,10 +72,8 @@ def test_trickling_header_connections_are_closed_and_others_are_served(reliable_
     line = b"POST /v1/chat/completions HTTP/1.1\r\nx-a: "
     for i in range(3):
         for sock in socks:
-            try:
+            with contextlib.suppress(OSError):
                 sock.sendall(line[i : i + 1])
-            except OSError:
-                pass
         time.sleep(0.3)
     # Served meanwhile.
     ok = httpx.get(proxy.url + "/healthz", timeout=5)
