@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench reliability clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
+
+# The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
+# and kill -9 load; then one table of its figures (README "Reliability").
+reliability: $(STAMP)
+	rm -f .reliability.jsonl
+	RELIABILITY_REPORT=$(CURDIR)/.reliability.jsonl RELIABILITY_BODIES=10000 \
+	RELIABILITY_BIG_MIB=24 RELIABILITY_SOAK=3000 RELIABILITY_KILL_LOAD_S=3 \
+	$(BIN)/pytest -q tests/reliability
+	$(BIN)/python bench/reliability.py .reliability.jsonl
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
