@@ -27,6 +27,7 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/cache.py
 
 # The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
 # and kill -9 load; then one table of its figures (README "Reliability").

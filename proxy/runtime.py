@@ -9,6 +9,7 @@ from proxy.config.model import Config, UpstreamConfig
 from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.rewriter import Rewriter
+from proxy.context.stable_prefix import StablePrefixes
 from proxy.context.summaries import SummaryService
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
@@ -50,6 +51,7 @@ def build_store_for(config: Config) -> Store:
             pool_size=store.pool_size,
             schema=store.schema,
             ttl_s=config.session.ttl_s,
+            key_prefix=store.key_prefix,
         )
     )
 
@@ -69,6 +71,8 @@ class Runtime:
     calibration: Calibration = field(default_factory=Calibration)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
+    # Each session's last forwarded list, for X-Context-Stable-Prefix.
+    prefixes: StablePrefixes = field(default_factory=StablePrefixes)
     # Summaries made, awaited and prefetched; shared by every pinned view.
     summaries: SummaryService = field(init=False)
     # Bumped by every reload. A pinned view keeps the generation it was made in.

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, SummarizeSpec
+from proxy.chat.cache_step import CacheHints, cache_hints, measure_stable_prefix
 from proxy.chat.policy_step import choose_mode, summarize
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
 from proxy.config.model import RouteConfig
@@ -38,8 +39,10 @@ from proxy.http.sessions import (
 from proxy.http.shape import check_chat, check_chat_history, valid_reply
 from proxy.runtime import Runtime
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.telemetry.cache_usage import cache_usage
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
+from proxy.upstream.cache_hints import splice_field
 
 log = get_logger()
 
@@ -94,6 +97,10 @@ class ChatExchange:
         self.mode: str | None = None
         self.summary: SummaryOutcome | None = None
         self.summary_ctx: SummaryContext | None = None
+        # Leading forwarded messages the session's previous request forwarded too.
+        self.stable_prefix: int | None = None
+        # The prompt-cache hints sent upstream (prompt_cache_key, breakpoints).
+        self.cache: CacheHints | None = None
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -186,13 +193,17 @@ class ChatExchange:
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
+        self.stable_prefix = measure_stable_prefix(
+            rt.prefixes, self.ref, self.decision, self.conversation, self.hashes, remember=lock
+        )
         return self.decision
 
     async def _send(self, body: dict[str, Any]) -> Response:
         rt = self.rt
         assert self.route is not None and self.decision is not None  # plan() ran
-        forwarded = self._forward_body(body)
         upstream_config = rt.config.upstreams[self.route.upstream]
+        self.cache = cache_hints(upstream_config, self.ref, body, self.decision.messages)
+        forwarded = self._forward_body(body)
         upstream = rt.upstreams[self.route.upstream]
         sent = time.perf_counter()
         response = await upstream.send(
@@ -205,7 +216,7 @@ class ChatExchange:
                 body=forwarded,
                 json=None
                 if upstream_config.base_url
-                else {**body, "messages": self.decision.messages},
+                else {**body, "messages": self.cache.messages or self.decision.messages},
                 stream=self.stream,
             )
         )
@@ -220,10 +231,15 @@ class ChatExchange:
 
     def _forward_body(self, body: dict[str, Any]) -> bytes:
         assert self.decision is not None
+        key = self.cache.prompt_cache_key if self.cache is not None else None
         if not self.decision.changed and self.conversation is body["messages"]:
-            # The client's bytes are sacred: nothing changed, so forward them as they came.
-            return self.raw
-        return orjson.dumps({**body, "messages": self.decision.messages})
+            # The client's bytes are sacred: nothing changed, so forward them as they
+            # came (with the session's prompt_cache_key, the one documented addition).
+            return self.raw if key is None else splice_field(self.raw, "prompt_cache_key", key)
+        out = {**body, "messages": self.decision.messages}
+        if key is not None:
+            out["prompt_cache_key"] = key
+        return orjson.dumps(out)
 
     async def _relay_whole(self, response: UpstreamResponse) -> Response:
         try:
@@ -370,8 +386,12 @@ class ChatExchange:
             h["x-context-turns-dropped"] = str(d.turns_dropped)
             if d.clipped:
                 h["x-context-tool-outputs-clipped"] = str(len(d.clipped))
+            if d.masked:
+                h["x-context-tool-outputs-masked"] = str(len(d.masked))
             if d.reason:
                 h["x-context-trim-reason"] = d.reason
+        if self.stable_prefix is not None:
+            h["x-context-stable-prefix"] = str(self.stable_prefix)
         return h
 
     def _finish_failed(
@@ -493,7 +513,12 @@ class ChatExchange:
             total_ms=total_ms,
             usage=usage,
             created_at=time.time(),
+            stable_prefix=self.stable_prefix,
         )
+        cached = cache_usage(usage)
+        record.upstream_prompt_tokens = cached.prompt_tokens
+        record.cached_tokens = cached.cached_tokens
+        record.cache_write_tokens = cached.cache_write_tokens
         if d is not None:
             record.messages_after = len(d.messages)
             record.tokens_before = d.tokens_before
@@ -515,8 +540,20 @@ class ChatExchange:
                 ],
                 **d.extra,
             }
+            if d.masked:
+                # Positions in the conversation as received, as for ``clipped``.
+                record.detail["masked"] = [
+                    {
+                        "index": m.index,
+                        "tokens_before": m.tokens_before,
+                        "tokens_after": m.tokens_after,
+                    }
+                    for m in d.masked
+                ]
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
+        if self.cache is not None and self.cache.sent:
+            record.detail["cache_hints"] = self.cache.detail()
         if self.fence is not None:
             record.detail["fence"] = self.fence
         return record
@@ -537,6 +574,13 @@ class ChatExchange:
         )
         if self.policy_s is not None:
             metrics.policy_seconds.observe((r.policy,), self.policy_s)
+        metrics.observe_cache(
+            route=r.route,
+            policy=r.policy,
+            prompt_tokens=r.upstream_prompt_tokens,
+            cached_tokens=r.cached_tokens,
+            cache_write_tokens=r.cache_write_tokens,
+        )
         if r.upstream_status == 200 and r.usage is not None:
             # What was forwarded (messages plus tools and priming) vs what was billed.
             self.rt.calibration.observe_usage(r.model, r.tokens_after, r.usage)
@@ -564,6 +608,10 @@ class ChatExchange:
             summary_used=self.summary.status if self.summary else None,
             fallback=r.detail.get("fallback"),
             incomplete=r.incomplete,
+            stable_prefix=r.stable_prefix,
+            upstream_prompt_tokens=r.upstream_prompt_tokens,
+            cached_tokens=r.cached_tokens,
+            cache_write_tokens=r.cache_write_tokens,
             error=r.error,
             upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
             total_ms=round(r.total_ms or 0.0, 2),

@@ -15,9 +15,11 @@ import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
 from proxy.config.client_keys import parse_client_keys
+from proxy.config.masking import mask_spec
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
+    CacheConfig,
     Config,
     LoggingConfig,
     RouteConfig,
@@ -124,6 +126,20 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
+        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+    )
+
+
+def _cache(node: Node) -> CacheConfig:
+    breakpoints = node.text("breakpoints", "auto")
+    if breakpoints not in ("auto", "off"):
+        raise ConfigError(node.at("breakpoints"), f"must be auto or off, got {breakpoints!r}")
+    key = node.text("prompt_cache_key", "session")
+    if key not in ("session", "off"):
+        raise ConfigError(node.at("prompt_cache_key"), f"must be session or off, got {key!r}")
+    return CacheConfig(
+        breakpoints="off" if breakpoints == "off" else "auto",
+        prompt_cache_key="off" if key == "off" else "session",
     )
 
 
@@ -132,8 +148,8 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
     if strategy == "summarize":
         return summarize_policy(node, base_dir, upstreams)
     if strategy in (None, "none"):
-        Node(node.path, node.value, {"strategy"})
-        return NoneSpec()
+        node = Node(node.path, node.value, {"strategy", "mask_tool_outputs"})
+        return NoneSpec(mask_tool_outputs=mask_spec(node))
     if strategy == "trim":
         node = Node(
             node.path,
@@ -145,6 +161,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
                 "context_fraction",
                 "low_water",
                 "tool_output_max_tokens",
+                "mask_tool_outputs",
             },
         )
         spec = TrimSpec(
@@ -153,6 +170,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
             context_fraction=node.number("context_fraction", high=1.0),
             low_water=node.number("low_water", high=1.0),
             tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
+            mask_tool_outputs=mask_spec(node),
         )
         if spec.max_turns is None and spec.max_tokens is None and spec.context_fraction is None:
             raise ConfigError(
@@ -223,6 +241,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
                     "connect_timeout_s",
                     "headers",
                     "responses",
+                    "cache",
                 },
             ),
         )
@@ -257,7 +276,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     fmt = log.text("format", "auto") or "auto"
     if fmt not in ("auto", "json", "console"):
         raise ConfigError("logging.format", f"must be auto, json or console, got {fmt!r}")
-    store = store_config(root.child("store", {"path", "url", "pool_size", "schema"}))
+    store = store_config(root.child("store", {"path", "url", "pool_size", "schema", "key_prefix"}))
     coordination = coordination_config(root.child("coordination", COORDINATION_KEYS))
     check_coordination(store, coordination)
     return Config(

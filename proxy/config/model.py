@@ -68,6 +68,8 @@ class StoreConfig:
     # PostgreSQL: connections per instance, and the schema the tables live in.
     pool_size: int = 10
     schema: str | None = None
+    # Redis: the prefix of every key the store writes ("<key_prefix>:...").
+    key_prefix: str = "ctxproxy:store"
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,16 @@ class CoordinationConfig:
     lock_wait_s: float = 120.0
     # A shared store without Redis: allowed only when stated that one instance uses it.
     single_instance: bool = False
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """An upstream's `cache`: prompt-cache hints the proxy adds (README, "Prompt caching")."""
+
+    # "auto": Anthropic cache_control breakpoints for Claude models behind litellm.
+    breakpoints: Literal["auto", "off"] = "auto"
+    # "session": a prompt_cache_key per session for OpenAI-compatible upstreams.
+    prompt_cache_key: Literal["session", "off"] = "session"
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,7 @@ class UpstreamConfig:
     # How /v1/responses reaches it: "native" forwards to its own /responses;
     # "bridge" translates to chat completions and back (litellm_model: always).
     responses: Literal["native", "bridge"] = "native"
+    cache: CacheConfig = CacheConfig()
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, NoneSpec
+from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.pipeline import ChatExchange
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
@@ -65,6 +66,7 @@ from proxy.store.base import (
 )
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamResponse
+from proxy.upstream.cache_hints import splice_field
 
 log = get_logger()
 
@@ -137,6 +139,9 @@ class ResponsesExchange(ChatExchange):
             spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
         )
         self.policy_s = time.perf_counter() - started
+        self.stable_prefix = measure_stable_prefix(
+            rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock
+        )
         return self.decision
 
     async def _previous_chain(self, value: object) -> list[StoredItem]:
@@ -201,11 +206,25 @@ class ResponsesExchange(ChatExchange):
         replayed = [i < self.chain_len for i in d.kept]
         known = ids_of(self.conversation[: self.chain_len]) if self.previous else {}
         self.replay = replay(d.messages, replayed, known)
+        assert self.route is not None
+        config = self.rt.config.upstreams[self.route.upstream]
+        # A chain the upstream holds (an id the proxy never saw) is forwarded untouched.
+        hinted = config.base_url is not None and not self.previous_unknown
+        self.cache = cache_hints(config, self.ref, body, []) if hinted else None
+        key = self.cache.prompt_cache_key if self.cache is not None else None
         if self.previous is None and not d.changed and not self.replay.changed:
-            # The client's bytes are sacred: nothing to rewrite, forward them as they came.
-            return self.raw, body
+            # The client's bytes are sacred: nothing to rewrite, forward them as they
+            # came (with the session's prompt_cache_key, the one documented addition).
+            if key is None:
+                return self.raw, body
+            return splice_field(self.raw, "prompt_cache_key", key), {
+                **body,
+                "prompt_cache_key": key,
+            }
         out = {k: v for k, v in body.items() if k != "previous_response_id"}
         out["input"] = self.replay.items
+        if key is not None:
+            out["prompt_cache_key"] = key
         return orjson.dumps(out), out
 
     async def _relay_whole(self, response: UpstreamResponse) -> Response:

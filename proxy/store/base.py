@@ -93,6 +93,12 @@ class RequestRecord:
     # Everything else worth keeping (decision details, clips, repairs...).
     detail: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    # The upstream's own prompt-cache figures (proxy.telemetry.cache_usage); None: not reported.
+    upstream_prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    # Leading forwarded messages identical to the session's previous forwarded list.
+    stable_prefix: int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,14 @@ class StoredSummary:
     prompt_hash: str | None
     usage: dict[str, Any] | None
     created_at: float
+
+
+class FencedOut(RuntimeError):
+    """A write under a session lock that was lost: a newer holder has written since.
+
+    The shared stores (PostgreSQL, Redis) raise it for an exchange whose
+    ``detail["fence"]`` token is older than one the session stored; nothing is written.
+    """
 
 
 class Store(Protocol):
@@ -381,4 +395,8 @@ def request_row(
         "last_item_id": last_item_id,
         "reply_item_id": reply_item_id,
         "created_at": created_at,
+        "upstream_prompt_tokens": record.upstream_prompt_tokens,
+        "cached_tokens": record.cached_tokens,
+        "cache_write_tokens": record.cache_write_tokens,
+        "stable_prefix": record.stable_prefix,
     }

@@ -140,6 +140,15 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (session_id, covers_path_hash, start_unit)
     );
     """,
+    # 4: prompt caching: the upstream's own cache figures and the stable prefix.
+    """
+    -- As the upstream reported them (usage), NULL when it did not.
+    ALTER TABLE requests ADD COLUMN upstream_prompt_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN cached_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN cache_write_tokens INTEGER;
+    -- Leading forwarded messages identical to the session's previous request's.
+    ALTER TABLE requests ADD COLUMN stable_prefix INTEGER;
+    """,
 )
 
 

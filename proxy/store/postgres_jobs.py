@@ -21,6 +21,7 @@ import asyncpg
 
 from proxy.store.base import (
     ExchangeResult,
+    FencedOut,
     MessageIn,
     RequestRecord,
     ResponseIn,
@@ -75,12 +76,13 @@ REQUEST_COLUMNS = (
     " status, upstream_status, messages_before, messages_after, tokens_before, tokens_after,"
     " turns_dropped, messages_dropped, dropped_indexes, dropped_item_ids, reason, error,"
     " incomplete, upstream_ms, total_ms, usage_json, detail_json, first_item_id,"
-    " last_item_id, reply_item_id, created_at"
+    " last_item_id, reply_item_id, created_at,"
+    " upstream_prompt_tokens, cached_tokens, cache_write_tokens, stable_prefix"
 )
 _REQUEST_NAMES = tuple(name.strip() for name in REQUEST_COLUMNS.split(","))
 _INSERT_REQUEST = (
     f"INSERT INTO requests ({REQUEST_COLUMNS}) VALUES ("
-    + ", ".join(f"${i}" for i in range(1, 32))
+    + ", ".join(f"${i}" for i in range(1, len(_REQUEST_NAMES) + 1))
     + ")"
 )
 
@@ -91,10 +93,6 @@ _INSERT_SUMMARY = """
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
     ON CONFLICT (session_id, covers_path_hash, start_unit) DO NOTHING
 """
-
-
-class FencedOut(RuntimeError):
-    """A write under a session lock that was lost: a newer holder has written since."""
 
 
 _FENCE = "UPDATE sessions SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING id"

@@ -130,6 +130,13 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (session_id, covers_path_hash, start_unit)
     );
     """,
+    # 2: prompt caching (SQLite version 4): the upstream's cache figures, the stable prefix.
+    """
+    ALTER TABLE requests ADD COLUMN upstream_prompt_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN cached_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN cache_write_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN stable_prefix INTEGER;
+    """,
 )
 
 
