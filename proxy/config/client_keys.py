@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config.model import ENV_PREFIX, ClientKey
-from proxy.config.node import show
+from proxy.config.node import EnvStr, show
 from proxy.errors import ConfigError
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -41,23 +41,27 @@ def parse_client_keys(path: str, raw: Any, base_dir: Path) -> tuple[ClientKey, .
 
 
 def _entry(path: str, entry: Any) -> ClientKey:
-    if isinstance(entry, str):
-        if not entry.startswith(ENV_PREFIX):
-            raise ConfigError(path, "must be an os.environ/NAME reference, not the key itself")
+    name: Any
+    ref: Any
+    if isinstance(entry, EnvStr):  # os.environ/NAME, resolved by the loader
+        name, ref = entry.env_name, entry
+    elif isinstance(entry, str):
         name, ref = entry[len(ENV_PREFIX) :], entry
     elif isinstance(entry, Mapping) and set(entry) == {"name", "key"}:
         name, ref = entry["name"], entry["key"]
     else:
         raise ConfigError(path, f"must be os.environ/NAME or {{name, key}}, got {show(entry)}")
+    if not isinstance(ref, str) or not (isinstance(ref, EnvStr) or ref.startswith(ENV_PREFIX)):
+        raise ConfigError(path, "must be an os.environ/NAME reference, not the key itself")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(path, f"name must be 1-64 letters, digits or _.:-, got {show(name)}")
-    if not isinstance(ref, str) or not ref.startswith(ENV_PREFIX):
-        raise ConfigError(path, "must be an os.environ/NAME reference, not the key itself")
-    var = ref[len(ENV_PREFIX) :]
-    value = os.environ.get(var)
-    if not value:
-        raise ConfigError(path, f"environment variable {var} is not set")
-    return ClientKey(name=name, sha256=key_hash(value))
+    value: str | None = str(ref)
+    if not isinstance(ref, EnvStr):
+        var = ref[len(ENV_PREFIX) :]
+        value = os.environ.get(var)
+        if not value:
+            raise ConfigError(path, f"environment variable {var} is not set")
+    return ClientKey(name=name, sha256=key_hash(str(value)))
 
 
 def _from_file(path: str, file: Path) -> tuple[ClientKey, ...]:
