@@ -12,7 +12,7 @@ UV_VERSION := 0.13.9
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
 	--custom-compile-command "make lock"
 
-.PHONY: serve test lint bench lock lock-upgrade clean chromium screenshots
+.PHONY: serve test lint bench reliability lock lock-upgrade clean chromium screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,15 @@ bench: $(DEV)
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/cache.py
 	$(BIN)/python bench/startup.py
+
+# The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
+# and kill -9 load; then one table of its figures (README "Reliability").
+reliability: $(DEV)
+	rm -f .reliability.jsonl
+	RELIABILITY_REPORT=$(CURDIR)/.reliability.jsonl RELIABILITY_BODIES=10000 \
+	RELIABILITY_BIG_MIB=24 RELIABILITY_SOAK=3000 RELIABILITY_KILL_LOAD_S=3 \
+	$(BIN)/pytest -q tests/reliability
+	$(BIN)/python bench/reliability.py .reliability.jsonl
 
 # After a change to the dependencies in pyproject.toml: pins what is new, keeps
 # every other pin (lock-upgrade moves everything to the newest allowed versions).

@@ -22,6 +22,7 @@ from proxy.context.tokens import preload_encodings
 from proxy.coordination.setup import build_coordinator
 from proxy.errors import InvalidRequest, NotFound, ProxyError
 from proxy.http.body import error_response
+from proxy.http.client_keys import ClientKeyGuard
 from proxy.http.guard import ErrorGuard
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
@@ -146,7 +147,11 @@ def create_app(
             HTTPException: _http_error,
         },
         # Unexpected errors: answered inside Starlette's own last resort (which re-raises).
-        middleware=[Middleware(ErrorGuard), Middleware(WarmUpGate, lifecycle=lifecycle)],
+        middleware=[
+            Middleware(ErrorGuard),
+            Middleware(ClientKeyGuard, keys=config.server.client_keys),
+            Middleware(WarmUpGate, lifecycle=lifecycle),
+        ],
         lifespan=lifespan,
     )
     app.state.runtime = runtime

@@ -59,6 +59,13 @@ class PayloadTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class RequestTimeout(InvalidRequest):
+    """The client was too slow sending its request (408)."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class ContextLengthExceeded(InvalidRequest):
     """Even the newest turn and the system messages do not fit the budget."""
 

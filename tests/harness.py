@@ -21,6 +21,7 @@ from aiohttp import web
 from proxy.app import create_app
 from proxy.config.loader import parse_config
 from proxy.config.model import Config
+from proxy.http.server import uvicorn_options
 
 T = TypeVar("T")
 
@@ -73,7 +74,12 @@ class ProxyServer:
         self.app = create_app(config)
         self.server = uvicorn.Server(
             uvicorn.Config(
-                self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+                self.app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                lifespan="on",
+                **uvicorn_options(config.server),
             )
         )
         self.task = asyncio.run_coroutine_threadsafe(self.server.serve(), loop.loop)

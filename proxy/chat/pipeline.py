@@ -28,13 +28,13 @@ from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
+from proxy.http.client_keys import request_tenant
 from proxy.http.sessions import (
-    bearer_token,
+    ANONYMOUS_TENANT,
     content_hash,
     header_value,
     session_key,
     session_ref,
-    tenant_of,
 )
 from proxy.http.shape import check_chat, check_chat_history, valid_reply
 from proxy.runtime import Runtime
@@ -71,7 +71,10 @@ class ChatExchange:
         self.header_items = request.headers.items()
         # Lower-case names; the first of repeated headers wins, as with Headers.get.
         self.headers: dict[str, str] = dict(reversed(self.header_items))
-        self.tenant = tenant_of(bearer_token(self.headers))
+        tenant = request_tenant(request.scope, self.headers, rt.config.session.anonymous_tenant)
+        # No key and no anonymous tenant: proxied, nothing of it stored.
+        self.may_store = tenant is not None
+        self.tenant = tenant if tenant is not None else ANONYMOUS_TENANT
         self.route: RouteConfig | None = None
         self.ref: SessionRef | None = None
         self.key: str | None = None
@@ -115,7 +118,9 @@ class ChatExchange:
             raise
 
     async def _run(self) -> Response:
-        self.raw = await read_body(self.request, self.rt.config.server.max_body_bytes)
+        self.raw = await read_body(
+            self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
+        )
         body = parse_object(self.raw)
         await self.plan(body)
         return await self._send(body)
@@ -134,7 +139,7 @@ class ChatExchange:
         self.stream = body.get("stream") is True
         self.route = rt.router.match(self.endpoint, model, self.headers)
         self.key = session_key(rt.config.session, self.headers, body)
-        self.ref = session_ref(self.tenant, self.key)
+        self.ref = session_ref(self.tenant, self.key) if self.may_store else None
 
         self.conversation = messages
         left_out: list[int] = []
@@ -361,6 +366,10 @@ class ChatExchange:
 
     def _headers(self) -> dict[str, str]:
         h = {"x-ctxproxy-request-id": self.id}
+        if not self.may_store:
+            h["x-context-store"] = "off-no-api-key"
+        elif self.tenant == self.rt.config.session.anonymous_tenant:
+            h["x-context-store"] = "anonymous-tenant"
         if self.key is not None:
             h["x-session-id"] = header_value(self.key)
         if self.route is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.client_keys import parse_client_keys
 from proxy.config.duplicates import duplicate_keys
 from proxy.config.masking import mask_spec
 from proxy.config.model import (
@@ -59,14 +60,32 @@ from proxy.errors import ConfigError, ConfigErrors
 
 STORE_KEYS = {"path", "url", "pool_size", "schema", "key_prefix"}
 
+SESSION_KEYS = {"header", "fallbacks", "ttl", "anonymous_tenant"}
+SERVER_KEYS = {
+    "host",
+    "port",
+    "max_body_bytes",
+    "client_keys",
+    "header_timeout_s",
+    "body_timeout_s",
+    "keep_alive_s",
+    "max_connections",
+}
 
-def _server(node: Node) -> ServerConfig:
+
+def _server(node: Node, base_dir: Path) -> ServerConfig:
     d = ServerConfig()
     return ServerConfig(
         host=node.text("host", d.host) or d.host,
         port=node.integer("port", d.port, minimum=1, maximum=65535) or d.port,
         max_body_bytes=node.integer("max_body_bytes", d.max_body_bytes, minimum=1024)
         or d.max_body_bytes,
+        client_keys=parse_client_keys(node.at("client_keys"), node.raw("client_keys"), base_dir),
+        header_timeout_s=node.number("header_timeout_s", d.header_timeout_s) or 0.0,
+        body_timeout_s=node.number("body_timeout_s", d.body_timeout_s) or 0.0,
+        keep_alive_s=node.number("keep_alive_s", d.keep_alive_s) or 0.0,
+        max_connections=node.integer("max_connections", d.max_connections, minimum=1)
+        or d.max_connections,
     )
 
 
@@ -87,6 +106,7 @@ def _session(node: Node) -> SessionConfig:
         header=node.text("header", "X-Session-Id") or "X-Session-Id",
         fallbacks=tuple(fallbacks),
         ttl_s=duration(node, "ttl"),
+        anonymous_tenant=node.text("anonymous_tenant"),
     )
 
 
@@ -316,8 +336,8 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
     )
     if store is not None and coordination is not None:
         section(check_coordination, store, coordination)
-    server = section(lambda: _server(root.child("server", {"host", "port", "max_body_bytes"})))
-    session = section(lambda: _session(root.child("session", {"header", "fallbacks", "ttl"})))
+    server = section(lambda: _server(root.child("server", SERVER_KEYS), base_dir))
+    session = section(lambda: _session(root.child("session", SESSION_KEYS)))
     admin = section(lambda: _admin(root.child("admin", {"api_key"})))
     if routes is None or logging is None or store is None or server is None:
         return None

@@ -22,10 +22,29 @@ class ModesConfig:
 
 
 @dataclass(frozen=True)
+class ClientKey:
+    """A key clients must present (server.client_keys): its name is the tenant."""
+
+    name: str
+    # sha256 of the key, hex: the proxy never holds the keys themselves.
+    sha256: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Empty: no client keys, the proxy is open to whoever reaches it (see README).
+    client_keys: tuple[ClientKey, ...] = ()
+    # Slow clients: a request's headers must arrive within header_timeout_s of the
+    # connection (or of the previous response), each body chunk within body_timeout_s;
+    # an idle keep-alive connection is closed after keep_alive_s; at most
+    # max_connections connections and requests at once (more get a 503).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1024
 
 
 @dataclass(frozen=True)
@@ -35,6 +54,9 @@ class SessionConfig:
     fallbacks: tuple[str, ...] = ()
     # session.ttl in seconds: sessions idle longer are deleted. None: kept forever.
     ttl_s: float | None = None
+    # The tenant of requests without an API key. None: such requests are
+    # proxied but nothing of them is stored (anyone could read it back).
+    anonymous_tenant: str | None = None
 
 
 @dataclass(frozen=True)

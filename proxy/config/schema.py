@@ -72,6 +72,30 @@ SERVER = obj(
         "host": text("Address to listen on.", default="127.0.0.1"),
         "port": integer("Port to listen on (default 8080).", 1, 65535),
         "max_body_bytes": integer("Largest request body accepted; larger ones get a 413.", 1024),
+        "client_keys": {
+            "description": "Keys clients must present (os.environ/NAME references, "
+            "{name, key} entries, or {file: PATH} of 'NAME SHA256' lines); omitted: open.",
+            "anyOf": [
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "anyOf": [
+                            {"type": "string"},
+                            obj(
+                                "A named key.",
+                                {"name": text("The tenant."), "key": text("os.environ/NAME.")},
+                            ),
+                        ]
+                    },
+                },
+                obj("A file of hashed keys.", {"file": text("Path, relative to the config file.")}),
+            ],
+        },
+        "header_timeout_s": number("Seconds a request's headers may take to arrive."),
+        "body_timeout_s": number("Seconds without a body chunk before a 408."),
+        "keep_alive_s": number("Seconds an idle keep-alive connection is kept."),
+        "max_connections": integer("Connections plus requests at once; more get a 503.", 1),
     },
 )
 
@@ -92,6 +116,9 @@ SESSION = obj(
         "ttl": text(
             "Delete sessions idle this long (30m, 12h, 7d); omitted: kept forever.",
             pattern=r"^\s*\d+(\.\d+)?\s*[smhd]\s*$",
+        ),
+        "anonymous_tenant": text(
+            "Tenant for requests without an API key; omitted: nothing of them is stored."
         ),
     },
 )

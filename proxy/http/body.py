@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -10,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
-from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
+from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
 from proxy.http.shape import check_depth
 
 # Client headers never forwarded: they describe this hop, or belong to us.
@@ -31,29 +32,68 @@ _NOT_FORWARDED = frozenset(
 )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, idle_timeout_s: float = 30.0) -> bytes:
+    """The whole body, at most ``limit`` bytes, each chunk within ``idle_timeout_s``.
+
+    Too large: the rest is read and dropped first (up to DRAIN_FACTOR times
+    the limit, within the same idle deadline), then the 413 is raised. A
+    client still writing its body would otherwise see the connection close
+    before it reads the answer (nginx's lingering close does the same).
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if request.headers.get("expect", "").lower() != "100-continue":
+            await _drain(request, limit * DRAIN_FACTOR, idle_timeout_s)
         raise PayloadTooLarge(f"The request body is {declared} bytes; the limit is {limit}.")
     # ASGI messages read directly: Request.stream()'s async generator costs more
     # than the usual one-message body it carries.
     receive = request.receive
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidRequest("The client disconnected before sending the whole body.")
-        if message["type"] != "http.request":
-            continue
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-        if chunk:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        async with asyncio.timeout(idle_timeout_s) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise InvalidRequest("The client disconnected before sending the whole body.")
+                if message["type"] != "http.request":
+                    continue
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    if message.get("more_body", False):
+                        await _drain(request, limit * DRAIN_FACTOR, idle_timeout_s)
+                    raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+                if chunk:
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                deadline.reschedule(asyncio.get_running_loop().time() + idle_timeout_s)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive in time (no data for {idle_timeout_s:g} s)."
+        ) from None
+
+
+# How much of an oversize body is read (and dropped) so its sender gets the 413.
+DRAIN_FACTOR = 4
+
+
+async def _drain(request: Request, budget: int, idle_timeout_s: float) -> None:
+    """Read and drop the rest of the body, within ``budget`` bytes and the idle deadline."""
+    receive = request.receive
+    try:
+        async with asyncio.timeout(idle_timeout_s) as deadline:
+            while budget > 0:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                budget -= len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+                deadline.reschedule(asyncio.get_running_loop().time() + idle_timeout_s)
+    except TimeoutError:
+        return
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:

@@ -89,7 +89,9 @@ async def context_preview(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     rt = runtime.pin()
     try:
-        raw = await read_body(request, rt.config.server.max_body_bytes)
+        raw = await read_body(
+            request, rt.config.server.max_body_bytes, rt.config.server.body_timeout_s
+        )
         body = parse_object(raw)
         exchange = _exchange(rt, request, body)
         exchange.raw = raw

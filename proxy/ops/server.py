@@ -29,6 +29,7 @@ from typing import Any
 import uvicorn
 
 from proxy.config.model import Config
+from proxy.http.server import uvicorn_options
 from proxy.ops.health import Lifecycle
 from proxy.store.backends import backend_name
 from proxy.telemetry.logging import get_logger
@@ -164,7 +165,6 @@ def serve(
             # The fast event loop and HTTP parser, named: "auto" would fall back to
             # the slow ones silently. uvloop is not installed on Windows.
             loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-            http="httptools",
             # uvicorn's own lines go through structlog (configure_logging), as JSON.
             log_config=None,
             log_level=config.logging.level,
@@ -172,6 +172,8 @@ def serve(
             server_header=False,
             date_header=False,
             timeout_graceful_shutdown=30,
+            # httptools with a header deadline; keep-alive and connection limits.
+            **uvicorn_options(config.server),
         ),
         config,
         app.state.lifecycle,

@@ -105,7 +105,9 @@ class ResponsesExchange(ChatExchange):
     # -- the pipeline ---------------------------------------------------------
 
     async def _run(self) -> Response:
-        self.raw = await read_body(self.request, self.rt.config.server.max_body_bytes)
+        self.raw = await read_body(
+            self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
+        )
         self.body = parse_object(self.raw)
         await self.plan(self.body)
         return await self._send(self.body)
@@ -123,7 +125,7 @@ class ResponsesExchange(ChatExchange):
         self.route = rt.router.match(self.endpoint, model, self.request.headers)
         self.key = session_key(rt.config.session, self.request.headers, body)
         chain = await self._previous_chain(body.get("previous_response_id"))
-        self.ref = session_ref(self.tenant, self.key)
+        self.ref = session_ref(self.tenant, self.key) if self.may_store else None
         self.chain_len = len(chain)
         self.conversation = [stored.message for stored in chain] + items
         self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
@@ -152,7 +154,7 @@ class ResponsesExchange(ChatExchange):
             )
         self.previous_id = value
         store = self.rt.store
-        self.previous = await store.get_response(self.tenant, value)
+        self.previous = await store.get_response(self.tenant, value) if self.may_store else None
         if self.previous is None:
             if await store.response_exists(value):
                 # Another tenant's: exactly as unknown to this key as a made-up id.
@@ -311,6 +313,7 @@ class ResponsesExchange(ChatExchange):
             self.response_id is not None
             and answer.get("status") in STORED_STATUSES
             and not self.previous_unknown
+            and self.may_store
             and (self.key is not None or self.body.get("store") is not False)
         )
         if storable and self.key is None:
@@ -426,7 +429,7 @@ class ResponsesExchange(ChatExchange):
     ) -> None:
         if upstream is not None:
             await upstream.close()
-        if self.route is None or self.key is None:
+        if self.route is None or self.key is None or not self.may_store:
             return  # as for chat: unrouted and session-less requests are proxied, not stored
         await self.rt.store.record_exchange(SessionRef(self.tenant, self.key), [], None, record)
 

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from policies.items import kind_of
 from proxy.errors import InvalidRequest, NotFound
 from proxy.http.body import forward_headers, relay_headers
-from proxy.http.sessions import bearer_token, tenant_of
+from proxy.http.client_keys import request_tenant
 from proxy.runtime import Runtime
 from proxy.store.base import StoredItem, StoredResponse
 from proxy.upstream.base import UpstreamRequest
@@ -44,8 +44,10 @@ def _endpoint(handler: Handler) -> Callable[[Request], Coroutine[Any, Any, Respo
         rt = runtime.pin()
         try:
             response_id = request.path_params["response_id"]
-            tenant = tenant_of(bearer_token(request.headers))
-            stored = await rt.store.get_response(tenant, response_id)
+            tenant = request_tenant(
+                request.scope, request.headers, rt.config.session.anonymous_tenant
+            )
+            stored = None if tenant is None else await rt.store.get_response(tenant, response_id)
             if stored is None and await rt.store.response_exists(response_id):
                 raise _not_found(response_id)
             return await handler(request, rt, response_id, stored)

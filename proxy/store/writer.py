@@ -57,6 +57,12 @@ _MAX_BATCH = 64
 # commits: SQLite's own default is every 1000 WAL pages, and a commit writes a
 # handful of pages.
 _CHECKPOINT_COMMITS = 200
+# WAL hygiene: a PASSIVE checkpoint copies pages but never shrinks the file, so
+# a burst once left a 167 MB WAL beside the database for good. After _IDLE_S
+# without writes, a TRUNCATE checkpoint empties it (to 0 bytes); and whenever a
+# checkpoint restarts the WAL, SQLite cuts it back to _JOURNAL_SIZE_LIMIT.
+_IDLE_S = 1.0
+_JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 class SqliteWriter:
@@ -72,6 +78,9 @@ class SqliteWriter:
         self._task: asyncio.Task[None] | None = None
         self._last_batch = float("-inf")
         self._commits = 0
+        # Commits since the WAL was last truncated, and the idle timer that will.
+        self._dirty = 0
+        self._idle: asyncio.TimerHandle | None = None
         # The loop the store was opened on (asyncio.get_running_loop() costs a
         # getpid() syscall per call on Python 3.11).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,9 +104,13 @@ class SqliteWriter:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT}")
         return conn
 
     async def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         while self._task is not None:
             await asyncio.shield(self._task)
         loop = asyncio.get_running_loop()
@@ -158,6 +171,7 @@ class SqliteWriter:
                     )
                 self._settle(batch, outcomes)
                 self._commits += 1
+                self._dirty += 1
                 if self._commits >= _CHECKPOINT_COMMITS:
                     self._commits = 0
                     await self._checkpoint(loop)
@@ -166,6 +180,34 @@ class SqliteWriter:
                     await asyncio.sleep(0)
         finally:
             self._task = None
+            self._arm_idle(loop)
+
+    def _arm_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        """After the last batch: truncate the WAL once nothing was written for _IDLE_S."""
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = loop.call_later(_IDLE_S, self._on_idle, loop) if self._dirty else None
+
+    def _on_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._idle = None
+        if self._task is None and not self._queue and self._conn is not None and self._dirty:
+            # As a batch would: jobs queued meanwhile wait for it, then run.
+            self._task = loop.create_task(self._truncate(loop))
+
+    async def _truncate(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await loop.run_in_executor(self._executor, self._truncate_wal)
+            self._dirty = 0
+        except sqlite3.Error as exc:  # busy readers: the next idle period tries again
+            log.warning("wal_truncate_failed", error=repr(exc))
+        finally:
+            self._task = None
+            if self._queue:
+                self._task = loop.create_task(self._run())
+
+    def _truncate_wal(self) -> None:
+        if self._helper is not None:
+            self._helper.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def _take(self) -> list[tuple[Job, asyncio.Future[Any], bool]]:
         """The next batch: queued jobs of the same kind (inline or not), in order."""

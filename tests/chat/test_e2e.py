@@ -275,7 +275,11 @@ def test_unusual_json_formatting_reaches_upstream_as_sent(fake, start_proxy):
     response = httpx.post(
         f"{proxy.url}/v1/chat/completions",
         content=raw,
-        headers={"content-type": "application/json", "x-session-id": "fmt"},
+        headers={
+            "content-type": "application/json",
+            "x-session-id": "fmt",
+            "authorization": "Bearer sk-x",
+        },
     )
     assert response.status_code == 200
     # The one documented addition (the session's prompt_cache_key) aside, byte for byte.

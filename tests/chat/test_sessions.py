@@ -190,7 +190,7 @@ def test_upstream_dropping_the_stream_is_stored_incomplete(fake, start_proxy, tm
         "POST",
         proxy.url + "/v1/chat/completions",
         json={"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "go"}]},
-        headers={"x-session-id": "dropped"},
+        headers={"x-session-id": "dropped", "authorization": "Bearer sk-a"},
     ) as response:
         body = b"".join(response.iter_raw())
     assert b"[DONE]" not in body

@@ -47,8 +47,18 @@ async def test_a_body_over_the_limit_is_refused_while_streaming():
         await read_body(r, 100)
 
 
-async def test_a_declared_length_over_the_limit_is_refused_before_reading():
-    r = request(headers=[(b"content-length", b"101")])  # no message to read at all
+async def test_a_declared_length_over_the_limit_is_drained_then_refused():
+    # Read and dropped first, so a client still writing gets the 413 (lingering close).
+    r = request(
+        chunk(b"x" * 60, True), chunk(b"x" * 41, False), headers=[(b"content-length", b"101")]
+    )
+    with pytest.raises(PayloadTooLarge):
+        await read_body(r, 100)
+
+
+async def test_a_declared_length_over_the_limit_with_expect_100_is_refused_before_reading():
+    headers = [(b"content-length", b"101"), (b"expect", b"100-continue")]
+    r = request(headers=headers)  # no message to read at all
     with pytest.raises(PayloadTooLarge):
         await read_body(r, 100)
 
@@ -64,7 +74,11 @@ def test_a_repeated_session_header_is_read_from_its_first_occurrence(fake, start
     response = httpx.post(
         f"{proxy.url}/v1/chat/completions",
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
-        headers=[("X-Session-Id", "first"), ("X-Session-Id", "second")],
+        headers=[
+            ("X-Session-Id", "first"),
+            ("X-Session-Id", "second"),
+            ("Authorization", "Bearer sk-a"),
+        ],
     )
     assert response.headers["x-session-id"] == "first"
     proxy.drain()

@@ -123,7 +123,11 @@ def test_expired_sessions_vanish_from_a_running_proxy(fake, start_proxy):
             content=orjson.dumps(
                 {"model": "gpt-4o", "messages": [{"role": "user", "content": key}]}
             ),
-            headers={"content-type": "application/json", "x-session-id": key},
+            headers={
+                "content-type": "application/json",
+                "x-session-id": key,
+                "authorization": "Bearer sk-a",
+            },
         )
         assert r.status_code == 200
     proxy.drain()

@@ -261,7 +261,12 @@ def test_keep_alive_connection_stays_usable_after_an_unexpected_error(reliable_p
     conn = RawConnection(proxy.port)
     try:
         body = orjson.dumps({"model": "gpt-4o", "messages": [user()]})
-        headers = {"x_app": "server", "x_session_id": "s", "content_type": "application/json"}
+        headers = {
+            "x_app": "server",
+            "x_session_id": "s",
+            "content_type": "application/json",
+            "authorization": "Bearer sk-a",
+        }
         status, data = conn.request("POST", CHAT, body, **headers)
         assert status == 500
         assert orjson.loads(data)["error"]["type"] == "server_error"

@@ -15,6 +15,7 @@ from tests.harness import ProxyServer, query
 from tests.reliability import bodies
 from tests.reliability.conftest import Both
 from tests.reliability.fuzz import BODIES_PER_ENDPOINT, Tally
+from tests.reliability.report import figure
 
 APPS = st.sampled_from([None, "trim", "server"])
 SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "fuzz-1", "ユ"])
@@ -93,7 +94,7 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
 ):
     proxy = reliable_proxy()
     db = tmp_path / "ctxproxy.db"
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10, headers={"authorization": "Bearer sk-fuzz"}) as client:
         _seed(client, proxy)
     before = _snapshot(db)
     tally = Tally()
@@ -104,6 +105,10 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
         f"fuzz: {tally.bodies} bodies, statuses {sorted(tally.by_status.items())}, "
         f"relayed upstream 5xx {tally.relayed_5xx}"
     )
+    own_5xx = sum(1 for f in tally.failures if f.startswith("5"))
+    figure("bodies fuzzed (both endpoints)", tally.bodies)
+    figure("proxy 5xx on fuzzed bodies", own_5xx)
+    figure("4xx not in OpenAI's shape", len(tally.failures) - own_5xx)
     assert tally.failures == [], "\n".join(tally.failures[:20])
     assert tally.bodies >= 2 * BODIES_PER_ENDPOINT
     _unchanged(before, _snapshot(db))
@@ -111,7 +116,11 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
     r = httpx.post(
         f"{proxy.url}/v1/chat/completions",
         json={"model": "gpt-4o", "messages": [{"role": "user", "content": "after"}]},
-        headers={"x-app": "server", "x-session-id": "seeded-server"},
+        headers={
+            "x-app": "server",
+            "x-session-id": "seeded-server",
+            "authorization": "Bearer sk-fuzz",
+        },
         timeout=10,
     )
     assert r.status_code in (200, 400), r.text

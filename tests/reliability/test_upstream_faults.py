@@ -12,6 +12,7 @@ import pytest
 
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config, query
 from tests.reliability.faults import HUGE_CHARS, FaultUpstream
+from tests.reliability.report import figure
 
 # What each fault must come to. client: the status the client sees (a stream's
 # status is 200 once headers went out); error: the code in the request row;
@@ -80,7 +81,11 @@ def ask(proxy: ProxyServer, session: str, text: str, stream: bool) -> httpx.Resp
     return httpx.post(
         f"{proxy.url}/v1/chat/completions",
         content=orjson.dumps(body),
-        headers={"x-session-id": session, "content-type": "application/json"},
+        headers={
+            "x-session-id": session,
+            "content-type": "application/json",
+            "authorization": "Bearer sk-a",
+        },
         timeout=30,
     )
 
@@ -139,3 +144,4 @@ def test_upstream_fault_reaches_the_client_as_expected_and_stores_what_it_should
     else:
         assert replayed == []
     assert forwarded[-1] == {"role": "user", "content": "next"}
+    figure("upstream fault survived", f"{fault} ({'streamed' if stream else 'plain'})")
