@@ -8,11 +8,13 @@ from proxy.background import Background
 from proxy.config.model import Config, UpstreamConfig
 from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
+from proxy.context.recall import RecallService
 from proxy.context.rewriter import Rewriter
 from proxy.context.summaries import SummaryService
 from proxy.http.routing import Router
 from proxy.http.sessions import SessionLocks
 from proxy.store.base import Store
+from proxy.store.search_backends import recall_index_for
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.base import Upstream
 
@@ -52,6 +54,8 @@ class Runtime:
     messages: MessageCache = field(default_factory=MessageCache)
     # Summaries made, awaited and prefetched; shared by every pinned view.
     summaries: SummaryService = field(init=False)
+    # Evicted turns brought back (policies with a ``recall:`` block).
+    recall: RecallService = field(init=False)
     # Bumped by every reload. A pinned view keeps the generation it was made in.
     generation: int = field(default=0, init=False)
     # Shared by the runtime and its pinned views (never reassigned, only mutated):
@@ -66,6 +70,7 @@ class Runtime:
         self.rewriter = Rewriter(self.config.policies, self.calibration.factor)
         self.calibration.register(self.metrics.registry)
         self.summaries = SummaryService(self.store, self.background, self.metrics)
+        self.recall = RecallService(recall_index_for(self.store), self.metrics)
 
     def pin(self) -> Runtime:
         """A view of the runtime as it is now, for one request.

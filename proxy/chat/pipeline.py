@@ -21,8 +21,10 @@ from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, SummarizeSpec
 from proxy.chat.policy_step import choose_mode, summarize
+from proxy.chat.recall_step import recall_headers, recall_log_fields, recall_step, spec_recall
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
 from proxy.config.model import RouteConfig
+from proxy.context.recall import RecallOutcome
 from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
@@ -101,6 +103,8 @@ class ChatExchange:
         self.mode: str | None = None
         self.summary: SummaryOutcome | None = None
         self.summary_ctx: SummaryContext | None = None
+        # What recall did (policies with a ``recall:`` block only).
+        self.recall: RecallOutcome | None = None
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -179,6 +183,17 @@ class ChatExchange:
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
+        if spec_recall(spec) is not None:
+            self.decision, self.recall = await recall_step(
+                rt,
+                self.policy,
+                spec,
+                self.ref,
+                self.conversation,
+                self.hashes,
+                self.decision,
+                model,
+            )
         return self.decision
 
     async def _send(self, body: dict[str, Any]) -> Response:
@@ -288,6 +303,8 @@ class ChatExchange:
                 h["x-context-tool-outputs-clipped"] = str(len(d.clipped))
             if d.reason:
                 h["x-context-trim-reason"] = d.reason
+        if self.recall is not None:
+            h.update(recall_headers(self.recall))
         return h
 
     def _finish_failed(
@@ -431,6 +448,8 @@ class ChatExchange:
             }
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
+        if self.recall is not None:
+            record.detail["recall"] = self.recall.detail()
         return record
 
     def _observe(self, r: RequestRecord) -> None:
@@ -475,6 +494,7 @@ class ChatExchange:
             reason=r.reason,
             summary_used=self.summary.status if self.summary else None,
             fallback=r.detail.get("fallback"),
+            **(recall_log_fields(self.recall) if self.recall is not None else {}),
             incomplete=r.incomplete,
             error=r.error,
             upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,

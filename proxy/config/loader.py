@@ -7,6 +7,7 @@ module that reads the environment (``os.environ/NAME`` references).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from proxy.config.model import (
     UpstreamConfig,
 )
 from proxy.config.node import ANY, Node, duration, show
+from proxy.config.recall import recall_spec
 from proxy.config.summarize import (
     BUILTIN_MODES,
     check_route_policy,
@@ -121,6 +123,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
                 "context_fraction",
                 "low_water",
                 "tool_output_max_tokens",
+                "recall",
             },
         )
         spec = TrimSpec(
@@ -130,6 +133,8 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
             low_water=node.number("low_water", high=1.0),
             tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
         )
+        budgeted = spec.max_tokens is not None or spec.context_fraction is not None
+        spec = dataclasses.replace(spec, recall=recall_spec(node, has_budget=budgeted))
         if spec.max_turns is None and spec.max_tokens is None and spec.context_fraction is None:
             raise ConfigError(
                 node.path, "a trim policy needs max_turns, max_tokens or context_fraction"

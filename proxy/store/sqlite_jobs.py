@@ -26,6 +26,7 @@ from proxy.store.base import (
     request_row,
 )
 from proxy.store.chains import Prefix
+from proxy.store.sqlite_search import index_items
 
 
 def dumps(value: Any) -> str:
@@ -161,6 +162,8 @@ def store_chain(
         ]
         conn.executemany(_INSERT_ITEM, rows)
         found.update(select_ids(conn, session_id, [hashes[i] for i in missing]))
+        # The recall index, in the same transaction as its items.
+        index_items(conn, session_id, [(found[hashes[i]], i, chain[i].message) for i in missing])
     return [*known_ids, *(found[h] for h in hashes[shared:])], missing
 
 
