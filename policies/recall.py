@@ -5,10 +5,14 @@ hands the scores in as plain values (:class:`Hit`: a position in the list the
 policy received, and a score, higher is better); this module decides what
 comes back and where it goes. The rules (tests check each one):
 
-- Units are whole: a hit anywhere in a turn brings the whole turn (the user
-  message, the replies, tool calls with their results, reasoning with its
-  item); ``neighbors`` also brings the turns right before and after it.
-  System and developer messages belong to no unit (they are always kept).
+- Units are whole and atomic: a message alone, except that a tool call
+  comes back with all its results (and they with it), as trimming's tool
+  windows (policies/units.py); ``neighbors`` also brings the units right
+  before and after each hit (the question before an answer, the answer
+  after a question). System and developer messages belong to no unit (they
+  are always kept). Messages, not whole turns: a LoCoMo-style turn holds
+  two speakers' messages, and the evidence is one of them; whole turns
+  would halve what fits (measured in bench/recall.py).
 - Only units the policy left out entirely are candidates: never one with a
   message in the kept window (or the summary's verbatim turns), never the
   newest turn, never a unit twice.
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from policies.transcript import message_text
@@ -50,6 +54,16 @@ RECALL_HEADER = (
 )
 BLOCK_OPEN = "<recalled_turns>"
 BLOCK_CLOSE = "</recalled_turns>"
+
+# What quoting adds to a message's own count, at most in practice: the JSON
+# wrapper ({"position": N, "role": ..., "text": ...}, about 14 tokens) and escapes.
+LINE_TOKENS = 16
+
+# How far past ``neighbors`` leftover budget extends the context around hits.
+FILL_ROUNDS = 6
+
+# What a tool call's window holds after the assistant message that makes it.
+_IN_WINDOW = SYSTEM_ROLES | {"tool"}
 
 # Message keys a client may send with a time on it (not OpenAI's; some clients do).
 _TIME_KEYS = ("timestamp", "created_at", "time", "date")
@@ -108,6 +122,8 @@ def recall(
     max_tokens: int,
     *,
     neighbors: int = 1,
+    sizes: Sequence[int] | None = None,
+    fill: bool = True,
 ) -> tuple[Decision, Recalled]:
     """``decision`` with the best-scoring left-out units added, and what was added.
 
@@ -116,6 +132,13 @@ def recall(
     kept, duplicated: all ignored). Within ``max_tokens`` units are taken by
     score, each followed by its neighbors, nearest first; a unit that does
     not fit is skipped and the next tried.
+
+    ``sizes``: each message's token count, when the caller has them (the
+    proxy does), so choosing costs no tokenizer call; otherwise ``count``.
+    Choosing uses an estimate of each unit's quoted size (its messages' counts
+    plus :data:`LINE_TOKENS` a line); the block is rendered and counted once
+    at the end, exactly, and the last units chosen are given back while that
+    count is over ``max_tokens``.
     """
     if max_tokens <= 0 or not hits or not decision.dropped:
         return decision, Recalled()
@@ -124,11 +147,21 @@ def recall(
     if newest is None:
         return decision, Recalled()
     picker = _Picker(messages, decision, newest)
+
+    def cost(span: tuple[int, int]) -> int:
+        total = 0
+        for j in range(*span):
+            if messages[j].get("role") not in SYSTEM_ROLES:
+                total += (count(messages[j]) if sizes is None else sizes[j]) + LINE_TOKENS
+        return total
+
     # Room for the header, the delimiters and the message's own overhead.
-    frame = count(_block_message([]))
-    room = max_tokens - frame
-    chosen: dict[tuple[int, int], int] = {}  # span -> its tokens alone
+    room = max_tokens - count(_block_message([]))
+    chosen: list[tuple[int, int]] = []  # in the order chosen: best first
+    seen: set[tuple[int, int]] = set()
     taken: list[Hit] = []
+    # Each hit's next unit before and after it not yet taken (None: that side is done).
+    frontiers: list[list[tuple[int, int] | None]] = []
     used = 0
     for hit in sorted(hits, key=lambda h: (-h.score, -h.index)):
         if room - used <= 0:
@@ -136,41 +169,41 @@ def recall(
         if not 0 <= hit.index < n:
             continue
         span = picker.unit_at(hit.index)
-        if span is None or span in chosen:
+        if span is None or span in seen:
             continue
-        cost = count(_block_message([_lines(messages, span)])) - frame
-        if used + cost > room:
+        spent = cost(span)
+        if used + spent > room:
             continue
-        chosen[span] = cost
-        used += cost
+        chosen.append(span)
+        seen.add(span)
+        used += spent
         taken.append(hit)
         # Neighbors, nearest first on both sides; one that does not fit ends that side.
         sides = [picker.before(span), picker.after(span)]
         for _ in range(neighbors):
-            for k, near in enumerate(sides):
-                if near is None or near in chosen:
-                    sides[k] = None if near is None else picker.step(near, k)
-                    continue
-                near_cost = count(_block_message([_lines(messages, near)])) - frame
-                if used + near_cost > room:
-                    sides[k] = None
-                    continue
-                chosen[near] = near_cost
-                used += near_cost
-                sides[k] = picker.step(near, k)
+            used = _extend(sides, picker, chosen, seen, cost, used, room)
+        frontiers.append(sides)
+    # Budget left once every hit is in: more context around the best hits,
+    # a unit a side per hit per round, best hit first (answers sit near the
+    # turn that names them), at most FILL_ROUNDS units away.
+    for _ in range(FILL_ROUNDS if fill else 0):
+        if room - used <= 0 or not any(s for sides in frontiers for s in sides):
+            break
+        for sides in frontiers:
+            used = _extend(sides, picker, chosen, seen, cost, used, room)
+    if not chosen:
+        return decision, Recalled()
+    lines = {span: _lines(messages, span) for span in chosen}
+    block = _block_message([lines[s] for s in sorted(chosen)])
+    tokens = count(block)
+    while tokens > max_tokens and chosen:
+        # The estimate was short (rare: escapes): give back the last units chosen.
+        chosen.pop()
+        block = _block_message([lines[s] for s in sorted(chosen)])
+        tokens = count(block)
     if not chosen:
         return decision, Recalled()
     spans = sorted(chosen)
-    block = _block_message([_lines(messages, s) for s in spans])
-    tokens = count(block)
-    while tokens > max_tokens and spans:
-        # Per-unit counts are an estimate of the joined block's; if it is over, drop
-        # the costliest unit that came back last until the exact count fits.
-        spans.remove(max(spans, key=lambda s: chosen[s]))
-        block = _block_message([_lines(messages, s) for s in spans])
-        tokens = count(block)
-    if not spans:
-        return decision, Recalled()
     at = _insert_at(decision.messages, messages[newest])
     forwarded = [*decision.messages[:at], block, *decision.messages[at:]]
     kept_spans = set(spans)
@@ -185,6 +218,31 @@ def recall(
     )
 
 
+def _extend(
+    sides: list[tuple[int, int] | None],
+    picker: _Picker,
+    chosen: list[tuple[int, int]],
+    seen: set[tuple[int, int]],
+    cost: Callable[[tuple[int, int]], int],
+    used: int,
+    room: int,
+) -> int:
+    """Take the next unit on each side that fits; a side whose unit does not fit is done."""
+    for k, near in enumerate(sides):
+        if near is None:
+            continue
+        if near not in seen:
+            spent = cost(near)
+            if used + spent > room:
+                sides[k] = None
+                continue
+            chosen.append(near)
+            seen.add(near)
+            used += spent
+        sides[k] = picker.step(near, k)
+    return used
+
+
 class _Picker:
     """Units around hits, and whether the policy left each out entirely."""
 
@@ -197,17 +255,31 @@ class _Picker:
     def _role(self, i: int) -> object:
         return self.messages[i].get("role")
 
+    def _calls(self, i: int) -> bool:
+        return self._role(i) == "assistant" and bool(self.messages[i].get("tool_calls"))
+
     def bounds(self, i: int) -> tuple[int, int]:
-        """[start, end) of the turn holding message ``i`` (system messages inside included)."""
+        """[start, end) of the atomic unit holding message ``i``.
+
+        A message alone, except a tool call: the assistant message that makes
+        it and the tool results right after it (system messages between them
+        included) form one unit, whichever of them was hit.
+        """
         start = i
-        while start > 0 and self._role(start) != "user":
-            start -= 1
-        if self._role(start) != "user":
-            start = 0  # the leading pseudo-turn
-        end = i + 1
+        if self._role(i) == "tool":
+            start = i - 1
+            while start >= 0 and self._role(start) in _IN_WINDOW:
+                start -= 1
+            if start < 0 or not self._calls(start):
+                return i, i + 1  # a result outside any window (repaired: never recalled)
+        elif not self._calls(i):
+            return i, i + 1
+        end = start + 1
         n = len(self.messages)
-        while end < n and self._role(end) != "user":
+        while end < n and self._role(end) in _IN_WINDOW:
             end += 1
+        while end - 1 > start and self._role(end - 1) in SYSTEM_ROLES:
+            end -= 1
         return start, end
 
     def unit_at(self, i: int) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ async def recall_step(
     hashes: Sequence[str] | None,
     decision: Decision,
     model: str,
+    sizes: Sequence[int] | None = None,
 ) -> tuple[Decision, RecallOutcome]:
     recall = spec_recall(spec)
     assert recall is not None  # the caller checked
@@ -49,6 +50,7 @@ async def recall_step(
         hashes=hashes,
         decision=decision,
         count=count,
+        sizes=sizes,
     )
 
 

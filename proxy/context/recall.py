@@ -21,8 +21,9 @@ from typing import Any
 
 from policies.modes import latest_user_text
 from policies.recall import Hit, Recalled, recall
+from policies.transcript import message_text
 from policies.types import CountFn, Decision, Message, RecallSpec
-from proxy.context.recall_query import query_terms
+from proxy.context.recall_query import query_terms, words_of
 from proxy.store.base import SessionRef
 from proxy.store.search import RecallIndex
 from proxy.telemetry.logging import get_logger
@@ -76,6 +77,18 @@ class RecallOutcome:
         return out
 
 
+def _system_words(conversation: Sequence[Message]) -> frozenset[str]:
+    """Words of the leading system and developer messages: always forwarded, so a
+    query term from them (the assistant's or the user's name, the product) only
+    finds the turns that repeat them."""
+    out: set[str] = set()
+    for message in conversation[:4]:
+        if message.get("role") not in ("system", "developer"):
+            break
+        out |= words_of(message_text(message)[:4000])
+    return frozenset(out)
+
+
 class RecallService:
     def __init__(self, index: RecallIndex | None, metrics: Metrics) -> None:
         self._index = index
@@ -92,8 +105,12 @@ class RecallService:
         hashes: Sequence[str] | None,
         decision: Decision,
         count: CountFn,
+        sizes: Sequence[int] | None = None,
     ) -> tuple[Decision, RecallOutcome]:
-        """``decision`` with recalled turns added (within ``budget`` tokens), and the outcome."""
+        """``decision`` with recalled turns added (within ``budget`` tokens), and the outcome.
+
+        ``sizes``: the conversation's token counts by position, when known.
+        """
         started = time.perf_counter()
         outcome = RecallOutcome(status=NONE, budget=budget)
         try:
@@ -103,7 +120,7 @@ class RecallService:
                 outcome.status = UNSUPPORTED
             elif decision.dropped and budget > 0:
                 decision = await self._recall(
-                    spec, budget, ref, conversation, hashes, decision, count, outcome
+                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome
                 )
         except Exception as exc:  # recall must never fail a request (see above)
             outcome.status = ERROR
@@ -122,10 +139,11 @@ class RecallService:
         hashes: Sequence[str],
         decision: Decision,
         count: CountFn,
+        sizes: Sequence[int] | None,
         outcome: RecallOutcome,
     ) -> Decision:
         assert self._index is not None
-        terms = query_terms(latest_user_text(conversation))
+        terms = query_terms(latest_user_text(conversation), exclude=_system_words(conversation))
         outcome.terms = len(terms)
         if not terms:
             return decision
@@ -142,7 +160,7 @@ class RecallService:
         ]
         outcome.candidates = len(hits)
         decision, outcome.recalled = recall(
-            conversation, decision, hits, count, budget, neighbors=spec.neighbors
+            conversation, decision, hits, count, budget, neighbors=spec.neighbors, sizes=sizes
         )
         if outcome.recalled.spans:
             outcome.status = RECALLED

@@ -30,10 +30,17 @@ _STOPWORDS = """
 STOPWORDS = frozenset(_STOPWORDS.split())
 
 
-def query_terms(text: str, max_terms: int = MAX_TERMS) -> list[str]:
+def words_of(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.lower()))
+
+
+def query_terms(
+    text: str, max_terms: int = MAX_TERMS, exclude: frozenset[str] = frozenset()
+) -> list[str]:
+    """``exclude``: words never worth searching for here (the system prompt's: always forwarded)."""
     seen: dict[str, None] = {}
     for word in _WORD.findall(text.lower()):
-        if len(word) < 2 or word in STOPWORDS or word in seen:
+        if len(word) < 2 or word in STOPWORDS or word in seen or word in exclude:
             continue
         seen[word] = None
     terms = list(seen)
