@@ -37,9 +37,19 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from policies.modes import MODES
 from policies.recall import reserve
+from policies.summarize import assemble, plan
 from policies.trim import trim
-from policies.types import Budget, Decision, Message, RecallSpec, TrimSpec
+from policies.types import (
+    Budget,
+    ContextTooLong,
+    Decision,
+    Message,
+    RecallSpec,
+    SummarizeSpec,
+    TrimSpec,
+)
 from proxy.context.recall import RecallService
 from proxy.context.tokens import counter_for
 from proxy.http.sessions import content_hash
@@ -58,6 +68,9 @@ SHARES = (0.5, 0.7, 0.8)
 NEIGHBORS = 1
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 MODEL = "gpt-4o"
+# (exact count of a recall block, the count recall reported): the sum of its
+# units' counts is meant to be the exact count or a little over.
+BLOCK_COUNTS: list[tuple[int, int]] = []
 
 
 @dataclass
@@ -122,6 +135,70 @@ def retained(decision: Decision, spans: tuple[tuple[int, int], ...], evidence: l
     return all(i in kept or any(s <= i < e for s, e in spans) for i in evidence)
 
 
+MODE_SHARES = (0.0, 0.2, 0.3, 0.4)
+
+
+def mode_decision(
+    conversation: list[dict[str, Any]],
+    spec: SummarizeSpec,
+    count: Callable[[Message], int],
+    limit: int,
+) -> Decision:
+    """A mode's decision once its summary exists (a stand-in text as long as the summarizer may write)."""
+    budget = Budget(limit)
+    planned = plan(conversation, spec, count, budget)
+    if planned.decision is not None:
+        return planned.decision
+    assert planned.task is not None
+    text = "summary " * spec.summarizer.max_tokens
+    try:
+        return assemble(conversation, spec, count, budget, planned.task.state(text))
+    except ContextTooLong:
+        assert planned.fallback is not None
+        return planned.fallback
+
+
+async def modes(
+    store: SqliteStore,
+    conversations: list[list[dict[str, Any]]],
+    questions: list[Question],
+) -> dict[str, dict[int, Tally]]:
+    """The built-in modes with a recall share of their budget (the conversations are stored)."""
+    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    rows: dict[str, dict[int, Tally]] = {}
+    for q in questions:
+        ask = message_in({"role": "user", "content": q.text})
+        conv_in = [*[message_in(m) for m in conversations[q.conversation]], ask]
+        conversation = [m.message for m in conv_in]
+        hashes = [m.content_hash for m in conv_in]
+        counts, count = counting(conv_in)
+        for name, mode in MODES.items():
+            assert mode.max_tokens is not None
+            for share in MODE_SHARES:
+                spec = RecallSpec(share=share, neighbors=NEIGHBORS)
+                held = reserve(spec, mode.max_tokens) if share else 0
+                base = mode_decision(conversation, mode, count, mode.max_tokens - held)
+                spans: tuple[tuple[int, int], ...] = ()
+                decision = base
+                if share:
+                    decision, outcome = await service.apply(
+                        policy="bench",
+                        spec=spec,
+                        budget=held,
+                        ref=SessionRef("bench", f"conv-{q.conversation}"),
+                        conversation=conversation,
+                        hashes=hashes,
+                        decision=base,
+                        count=count,
+                        sizes=counts,
+                    )
+                    spans = outcome.recalled.spans
+                assert decision.tokens_after <= mode.max_tokens
+                ok = retained(base, spans, q.evidence)
+                _add(rows, f"{name} recall {share}", q.category, ok, decision)
+    return rows
+
+
 async def retention(
     store: SqliteStore,
     conversations: list[list[dict[str, Any]]],
@@ -160,6 +237,10 @@ async def retention(
                     sizes=counts,
                 )
                 assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                at = outcome.recalled.position
+                if at is not None:
+                    exact = counter_for(MODEL).count_message(decision.messages[at])
+                    BLOCK_COUNTS.append((exact, outcome.recalled.tokens))
                 ok = retained(base, outcome.recalled.spans, q.evidence)
                 _add(rows, f"recall s{share} {label}", q.category, ok, decision)
     return rows
@@ -173,11 +254,13 @@ def _add(rows: dict[str, dict[int, Tally]], label: str, cat: int, ok: bool, d: D
         tally.tokens.append(d.tokens_after / max(1, d.tokens_before))
 
 
-def print_retention(rows: dict[str, dict[int, Tally]], questions: int) -> None:
+def print_retention(
+    rows: dict[str, dict[int, Tally]], questions: int, what: str = "policy"
+) -> None:
     print(f"\n== evidence reaching the upstream, LoCoMo dev ({questions} questions, cats 1-4)")
     cats = [0, *CATEGORIES]
     names = ["all"] + [f"{c} {CATEGORIES[c]}" for c in CATEGORIES]
-    header = f"{'policy':24}" + "".join(f"{n:>15}" for n in names) + f"{'tokens sent':>13}"
+    header = f"{what:24}" + "".join(f"{n:>15}" for n in names) + f"{'tokens sent':>13}"
     print(header)
     print("-" * len(header))
     for label, by_cat in rows.items():
@@ -205,7 +288,7 @@ async def latency(
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
     rounds: int,
-) -> list[tuple[int, float, float, float]]:
+) -> list[tuple[int, float, float, float, float, float]]:
     service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
     out = []
     for turns in (100, 1000, 5000):
@@ -214,6 +297,7 @@ async def latency(
         await store.record_exchange(ref, stored, None, record(f"l{turns}"))
         spec = RecallSpec(share=0.7, neighbors=NEIGHBORS)
         times: list[float] = []
+        cpu: list[float] = []
         for r in range(rounds + 20):
             ask = message_in({"role": "user", "content": questions[r % len(questions)].text})
             conv_in = [*stored, ask]
@@ -224,6 +308,7 @@ async def latency(
             held = reserve(spec, limit)
             base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
             started = time.perf_counter()
+            cpu_started = time.process_time()
             await service.apply(
                 policy="bench",
                 spec=spec,
@@ -237,10 +322,13 @@ async def latency(
             )
             if r >= 20:  # warm-up excluded
                 times.append((time.perf_counter() - started) * 1000)
+                cpu.append((time.process_time() - cpu_started) * 1000)
         times.sort()
+        cpu.sort()
         p50 = times[len(times) // 2]
         p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-        out.append((turns, p50, p99, statistics.mean(times)))
+        cpu99 = cpu[min(len(cpu) - 1, int(len(cpu) * 0.99))]
+        out.append((turns, p50, p99, statistics.mean(times), cpu[len(cpu) // 2], cpu99))
     return out
 
 
@@ -315,13 +403,27 @@ async def main() -> None:
         rows = await retention(store, conversations, questions[:200] if quick else questions)
         print_retention(rows, len(questions[:200] if quick else questions))
         print(f"({time.perf_counter() - started:.1f} s)")
+        over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
+        slack = [told - exact for exact, told in BLOCK_COUNTS]
+        print(
+            f"recall blocks: {len(BLOCK_COUNTS)}, reported count below the exact one in "
+            f"{len(over)} (by at most {max(over, default=0)}), above by "
+            f"{statistics.mean(slack):.1f} tokens on average"
+        )
+        mode_rows = await modes(store, conversations, questions[:200] if quick else questions)
+        print_retention(mode_rows, len(questions[:200] if quick else questions), "mode, share")
         lat = await latency(store, conversations, questions, 100 if quick else 500)
     finally:
         await store.close()
     print("\n== time the recall step adds per request (share 0.7 of a 4000-token trim budget)")
-    print(f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
-    for turns, p50, p99, mean in lat:
-        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f}")
+    print(
+        f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
+    )
+    for turns, p50, p99, mean, c50, c99 in lat:
+        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
+    print(
+        f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
     cost = await storage(conversations, 400 if quick else 2000)
     n = cost.pop("messages")
     print(f"\n== storing an exchange (user + reply), {n // 2} exchanges each, interleaved rounds")

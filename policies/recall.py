@@ -136,9 +136,9 @@ def recall(
     ``sizes``: each message's token count, when the caller has them (the
     proxy does), so choosing costs no tokenizer call; otherwise ``count``.
     Choosing uses an estimate of each unit's quoted size (its messages' counts
-    plus :data:`LINE_TOKENS` a line); the block is rendered and counted once
-    at the end, exactly, and the last units chosen are given back while that
-    count is over ``max_tokens``.
+    plus :data:`LINE_TOKENS` a line); the chosen units are then quoted and
+    counted, and the last units chosen are given back while the block is
+    over ``max_tokens``.
     """
     if max_tokens <= 0 or not hits or not decision.dropped:
         return decision, Recalled()
@@ -193,16 +193,23 @@ def recall(
             used = _extend(sides, picker, chosen, seen, cost, used, room)
     if not chosen:
         return decision, Recalled()
+    # The block's size: its frame plus each unit's quoted lines counted on their
+    # own (and a newline), so a unit quoted again by a later request is a cache
+    # hit in the caller's counter, not a new tokenizer call. Lines are split at
+    # newlines by every BPE pre-tokenizer, so the sum is the block's count or a
+    # few tokens over (bench/recall.py measures the difference).
     lines = {span: _lines(messages, span) for span in chosen}
-    block = _block_message([lines[s] for s in sorted(chosen)])
-    tokens = count(block)
+    empty = count({"role": "user", "content": ""})
+    sized = {
+        span: count({"role": "user", "content": text}) - empty + 1 for span, text in lines.items()
+    }
+    tokens = count(_block_message([])) + sum(sized.values())
     while tokens > max_tokens and chosen:
         # The estimate was short (rare: escapes): give back the last units chosen.
-        chosen.pop()
-        block = _block_message([lines[s] for s in sorted(chosen)])
-        tokens = count(block)
+        tokens -= sized[chosen.pop()]
     if not chosen:
         return decision, Recalled()
+    block = _block_message([lines[s] for s in sorted(chosen)])
     spans = sorted(chosen)
     at = _insert_at(decision.messages, messages[newest])
     forwarded = [*decision.messages[:at], block, *decision.messages[at:]]

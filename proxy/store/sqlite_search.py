@@ -44,18 +44,41 @@ COMMON_MIN = 50
 
 
 @functools.lru_cache(maxsize=64)
-def _frequencies_sql(terms: int) -> str:
-    """The session's id, its item count, and how many of its items hold each term: one query."""
-    each = "".join(
-        ", (SELECT count(*) FROM items_fts WHERE items_fts MATCH s.scope || ' AND body : ' || ?)"
-        for _ in range(terms)
+def _search_sql(terms: int) -> str:
+    """The whole search as one statement (one trip to the read thread).
+
+    The session's id by tenant and key; how many of its items hold each term
+    (counting needs no ranking, so it is cheap); the informative terms
+    (:func:`informative`, in SQL); then the ranked match of ``scope`` and
+    those terms, confined to the session by the index and by ``items``.
+    """
+    values = ", ".join("(?)" for _ in range(terms))
+    return f"""
+    WITH s AS (SELECT id, 'scope : s' || id AS scope FROM sessions WHERE tenant = ? AND key = ?),
+    t (term) AS (VALUES {values}),
+    n AS (SELECT (SELECT count(*) FROM items_fts WHERE items_fts MATCH s.scope) AS items FROM s),
+    c AS (
+        SELECT t.term, (SELECT count(*) FROM items_fts
+            WHERE items_fts MATCH s.scope || ' AND body : ' || t.term) AS df
+        FROM t, s
+    ),
+    r AS (SELECT term, df, row_number() OVER (ORDER BY df, term) AS k FROM c WHERE df > 0),
+    cap AS (SELECT max(?, ? * n.items) AS most FROM n),
+    chosen AS (
+        SELECT group_concat(term, ' OR ') AS expr FROM r, cap
+        WHERE r.df <= cap.most
+            OR (r.k <= 2 AND NOT EXISTS (SELECT 1 FROM r AS rare WHERE rare.df <= cap.most))
     )
-    return (
-        "WITH s AS (SELECT id, 'scope : s' || id AS scope FROM sessions"
-        " WHERE tenant = ? AND key = ?)"
-        f" SELECT s.id, (SELECT count(*) FROM items_fts WHERE items_fts MATCH s.scope){each}"
-        " FROM s"
-    )
+    SELECT f.rowid, f.pos, bm25(items_fts, 0.0, 1.0) AS rank, i.content_hash
+    FROM items_fts f JOIN items i ON i.id = f.rowid
+    -- No informative term (or no session): a scope no item has, so nothing matches.
+    WHERE items_fts MATCH coalesce((
+            SELECT s.scope || ' AND body : (' || chosen.expr || ')' FROM s, chosen
+            WHERE chosen.expr IS NOT NULL), 'scope : none')
+        AND i.session_id = (SELECT id FROM s) AND f.pos < ?
+    ORDER BY rank
+    LIMIT ?
+    """
 
 
 def informative(terms: Sequence[str], counts: Sequence[int], items: int) -> list[str]:
@@ -114,17 +137,8 @@ class SqliteRecallIndex:
         if not terms or limit <= 0:
             return []
         quoted = [_quote(t) for t in terms]
-        rows = await self._fetch(
-            _frequencies_sql(len(quoted)), (session.tenant, session.key, *quoted)
-        )
-        if not rows:
-            return []
-        session_id, items, *counts = (int(v) for v in rows[0])
-        chosen = informative(quoted, counts, items)
-        if not chosen:
-            return []
-        match = f"scope : s{session_id} AND body : ({' OR '.join(chosen)})"
         bound = _NO_LIMIT if before is None else before
-        rows = await self._fetch(_SEARCH, (session_id, match, bound, limit))
+        params = (session.tenant, session.key, *quoted, COMMON_MIN, COMMON_SHARE, bound, limit)
+        rows = await self._fetch(_search_sql(len(quoted)), params)
         # bm25() is lower-is-better; the protocol's score is higher-is-better.
         return [SearchHit(int(r[0]), int(r[1]), str(r[3]), -float(r[2])) for r in rows]

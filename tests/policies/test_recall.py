@@ -165,8 +165,10 @@ def test_recall_invariants(
     out, got = recall(
         messages, decision, hits, simple_count, held, neighbors=neighbors, sizes=sizes, fill=fill
     )
-    # Within the recall budget, and the whole list within the policy's.
+    # Within the recall budget (the block itself counted whole too), and the list within the policy's.
     assert got.tokens <= held
+    if got.position is not None:
+        assert simple_count(out.messages[got.position]) <= got.tokens
     assert out.tokens_after == decision.tokens_after + got.tokens
     assert out.tokens_after <= max(1, limit - held) + held
     if not got.spans:
