@@ -27,6 +27,7 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/cache.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

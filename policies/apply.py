@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from policies.mask import MaskView, mask_tool_outputs
 from policies.summarize import plan
 from policies.trim import trim
 from policies.types import (
@@ -22,7 +23,34 @@ from policies.types import (
 def apply(
     messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget
 ) -> Decision:
-    """The decision ``spec`` makes for ``messages``; raises ContextTooLong when it cannot fit."""
+    """The decision ``spec`` makes for ``messages``; raises ContextTooLong when it cannot fit.
+
+    A spec with ``mask_tool_outputs`` decides over the masked view
+    (:mod:`policies.mask`): same positions, old tool output as placeholders.
+    """
+    # Trimming masks at its budget crossings itself (policies.trim.masked_replay).
+    mask = spec.mask_tool_outputs if isinstance(spec, NoneSpec) else None
+    if mask is not None:
+        view = mask_tool_outputs(messages, mask, count)
+        if view.masked:
+            return with_masks(_apply(view.messages, spec, count, budget), view)
+    return _apply(messages, spec, count, budget)
+
+
+def with_masks(decision: Decision, view: MaskView) -> Decision:
+    """``decision`` (made over ``view``) as a decision over the conversation as sent."""
+    kept = set(decision.kept)
+    return dataclasses.replace(
+        decision,
+        masked=tuple(m for m in view.masked if m.index in kept),
+        # The conversation as sent cost its results in full.
+        tokens_before=decision.tokens_before + view.saved,
+    )
+
+
+def _apply(
+    messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget
+) -> Decision:
     if isinstance(spec, TrimSpec):
         return trim(messages, spec, count, budget)
     if isinstance(spec, NoneSpec):

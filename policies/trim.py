@@ -47,7 +47,19 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from policies.types import Budget, Clip, ContextTooLong, CountFn, Decision, Message, TrimSpec
+from policies.mask import horizon as mask_horizon
+from policies.mask import placeholder
+from policies.types import (
+    Budget,
+    Clip,
+    ContextTooLong,
+    CountFn,
+    Decision,
+    Mask,
+    MaskSpec,
+    Message,
+    TrimSpec,
+)
 from policies.units import SYSTEM_ROLES, find_orphans, roles_of, without
 
 MARKER = "\n[... ctxproxy clipped {tokens} tokens of tool output ...]\n"
@@ -119,7 +131,10 @@ def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Bu
         starts=[i for i, role in enumerate(roles) if role == "user"],
         clippable=[i for i, role in enumerate(roles) if role == "tool"],
     )
-    return trim_units(msgs, layout, spec, count, budget, clip_tool_result)
+    masks = None
+    if spec.mask_tool_outputs is not None:
+        masks = mask_candidates(msgs, roles, spec.mask_tool_outputs, count)
+    return trim_units(msgs, layout, spec, count, budget, clip_tool_result, masks)
 
 
 def trim_units(
@@ -129,8 +144,13 @@ def trim_units(
     count: CountFn,
     budget: Budget,
     clip: ClipFn,
+    masks: Mapping[int, tuple[Message, int]] | None = None,
 ) -> Decision:
-    """:func:`trim` over any list whose units ``layout`` describes; ``clip`` shortens one."""
+    """:func:`trim` over any list whose units ``layout`` describes; ``clip`` shortens one.
+
+    ``masks``: tool results that may be masked (index -> placeholder and its
+    count; see :func:`masked_replay`), with ``spec.mask_tool_outputs`` set.
+    """
     msgs = list(elements)
     total_n = len(msgs)
     costs = list(map(count, msgs))
@@ -170,7 +190,28 @@ def trim_units(
 
     cut_turns = max(0, n - max(1, spec.max_turns)) if spec.max_turns is not None else 0
     cut_tokens = 0
-    if limit is not None and n:
+    horizon = 0  # units whose maskable results are masked: [0, horizon)
+    mask_spec = spec.mask_tool_outputs
+    if masks and mask_spec is not None and limit is not None and n:
+        room = limit - base
+        low_room = room if spec.low_water is None else spec.low_water * limit - base
+        cut_tokens, horizon = masked_replay(
+            sim,
+            raw,
+            _unit_savings(masks, sim_of(member, oversize, cap), bounds, n),
+            room,
+            low_room,
+            mask_spec.after_turns,
+        )
+    elif masks and mask_spec is not None and n:
+        # No token budget to cross: masking moves by its own steps (policies.mask).
+        tokens = [0] * n
+        for i in masks:
+            k = bisect_left(bounds, i + 1) - 1
+            if 0 <= k < n:
+                tokens[k] += costs[i]
+        horizon = mask_horizon(tokens, mask_spec.after_turns, mask_spec.step_tokens)
+    if limit is not None and n and not (masks and mask_spec is not None):
         room = limit - base
         if spec.low_water is None:
             cut_tokens = _minimal_cut(sim, raw, room)
@@ -178,11 +219,19 @@ def trim_units(
             cut_tokens = _hysteresis_cut(sim, raw, room, spec.low_water * limit - base)
     cut = max(cut_turns, cut_tokens)
 
-    # Clip oversize results in the kept units but the newest.
     replaced: dict[int, tuple[Message, int]] = {}
+    masked_at: list[int] = []
+    if horizon > cut and masks:
+        # Mask the maskable results of the kept units the replay masked.
+        orphan_set = set(orphans)
+        for i, placeholder in masks.items():
+            if bounds[cut] <= i < bounds[horizon] and i not in orphan_set:
+                replaced[i] = placeholder
+                masked_at.append(i)
+    # Clip oversize results in the kept units but the newest.
     newest_start = bounds[n - 1] if n else total_n
     for i in oversize:
-        if bounds[cut] <= i < newest_start and cap is not None:
+        if bounds[cut] <= i < newest_start and cap is not None and i not in replaced:
             clipped = clip(msgs[i], cap, count, costs[i])
             if clipped is not None:
                 replaced[i] = clipped
@@ -220,9 +269,15 @@ def trim_units(
         out = [replaced[i][0] if i in replaced else msgs[i] for i in kept]
     else:
         out = list(map(msgs.__getitem__, kept))
+    masked_set = set(masked_at)
     clips = tuple(
         Clip(index=i, tokens_before=costs[i], tokens_after=replaced[i][1])
         for i in sorted(replaced)
+        if i >= start and i not in masked_set
+    )
+    masked = tuple(
+        Mask(index=i, tokens_before=costs[i], tokens_after=replaced[i][1])
+        for i in sorted(masked_at)
         if i >= start
     )
 
@@ -242,6 +297,7 @@ def trim_units(
         dropped=tuple(dropped),
         repaired=orphans,
         clipped=clips,
+        masked=masked,
         turns_dropped=cut,
         reason=_reason(dropped_by),
         tokens_before=sum(costs) + fixed,
@@ -249,6 +305,80 @@ def trim_units(
         budget=limit,
         extra={"dropped_by": dropped_by},
     )
+
+
+def mask_candidates(
+    msgs: Sequence[Message], roles: Sequence[object], spec: MaskSpec, count: CountFn
+) -> dict[int, tuple[Message, int]]:
+    """Tool results ``spec`` may mask: index -> the placeholder and its count."""
+    out: dict[int, tuple[Message, int]] = {}
+    for i, role in enumerate(roles):
+        if role != "tool":
+            continue
+        tokens = count(msgs[i])
+        if tokens < spec.min_tokens:
+            continue
+        masked = placeholder(msgs[i], tokens)
+        after = count(masked)
+        if after < tokens:
+            out[i] = (masked, after)
+    return out
+
+
+def sim_of(member: list[int], oversize: list[int], cap: int | None) -> list[int]:
+    """Each message's cost in the replay (a result over the cap counts as the cap)."""
+    if not oversize or cap is None:
+        return member
+    capped = member.copy()
+    for i in oversize:
+        capped[i] = cap
+    return capped
+
+
+def _unit_savings(
+    masks: Mapping[int, tuple[Message, int]], sim: list[int], bounds: list[int], n: int
+) -> list[int]:
+    """Per unit: the replay tokens masking its maskable results saves."""
+    out = [0] * n
+    for i, (_, after) in masks.items():
+        k = bisect_left(bounds, i + 1) - 1
+        if 0 <= k < n:
+            out[k] += max(0, sim[i] - after)
+    return out
+
+
+def masked_replay(
+    sim: list[int],
+    raw: list[int],
+    save: list[int],
+    room: int,
+    low_room: float,
+    after_turns: int,
+) -> tuple[int, int]:
+    """Trimming's replay with masking: the cut and the mask horizon (both in units).
+
+    The horizon moves only when the budget is crossed, where the forwarded
+    prefix changes anyway (a prompt cache loses it once, for both): every
+    result old enough (in units older than the last ``after_turns``) is masked
+    first, and turns are dropped only if the older units still exceed the
+    low-water mark or everything the limit. Between crossings nothing moves.
+    """
+    prefix = [0, *accumulate(sim)]
+    saved = [0, *accumulate(save)]
+    cut = horizon = 0
+
+    def older(t: int) -> int:
+        masked = saved[horizon] - saved[cut] if horizon > cut else 0
+        return prefix[t - 1] - prefix[cut] - masked
+
+    for t in range(1, len(sim) + 1):
+        newest = raw[t - 1]
+        if older(t) + newest <= room:
+            continue
+        horizon = max(horizon, t - after_turns)
+        while cut < t - 1 and (older(t) > low_room or older(t) + newest > room):
+            cut += 1
+    return cut, horizon
 
 
 def _reason(dropped_by: dict[str, int]) -> str | None:

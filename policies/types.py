@@ -17,9 +17,25 @@ CountFn = Callable[[Message], int]
 
 
 @dataclass(frozen=True)
-class NoneSpec:
-    """`strategy: none`: forward the conversation exactly as it came."""
+class MaskSpec:
+    """`mask_tool_outputs`: old tool results replaced by a placeholder, in steps.
 
+    See :mod:`policies.mask`.
+    """
+
+    # Results in the last N turns are never masked (N >= 1).
+    after_turns: int = 4
+    # Results shorter than this stay as they are.
+    min_tokens: int = 200
+    # The horizon moves when this many tokens of old-enough results await masking.
+    step_tokens: int = 2048
+
+
+@dataclass(frozen=True)
+class NoneSpec:
+    """`strategy: none`: forward the conversation exactly as it came (masking aside)."""
+
+    mask_tool_outputs: MaskSpec | None = None
     strategy: Literal["none"] = "none"
 
 
@@ -52,6 +68,8 @@ class TrimSpec:
     low_water: float | None = None
     tool_output_max_tokens: int | None = None
     recall: RecallSpec | None = None
+    # Old tool output replaced by a placeholder before trimming (policies.mask).
+    mask_tool_outputs: MaskSpec | None = None
     strategy: Literal["trim"] = "trim"
 
 
@@ -168,6 +186,15 @@ class Clip:
 
 
 @dataclass(frozen=True)
+class Mask:
+    """A tool result whose content was replaced by a placeholder (see policies.mask)."""
+
+    index: int
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True)
 class Decision:
     """What a policy did to one request: a value the proxy logs, stores and shows.
 
@@ -180,6 +207,9 @@ class Decision:
     # Orphans removed to keep tool calls and results paired (subset of dropped).
     repaired: tuple[int, ...] = ()
     clipped: tuple[Clip, ...] = ()
+    # Tool results masked (policies.mask): forwarded as a placeholder, stored in full,
+    # so recall may treat their content like an evicted turn's.
+    masked: tuple[Mask, ...] = ()
     turns_dropped: int = 0
     # Which limit caused the drop: "max_turns", "max_tokens", "orphan", or None.
     reason: str | None = None
@@ -190,7 +220,7 @@ class Decision:
 
     @property
     def changed(self) -> bool:
-        return bool(self.dropped or self.clipped)
+        return bool(self.dropped or self.clipped or self.masked)
 
 
 class ContextTooLong(Exception):

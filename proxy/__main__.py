@@ -89,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ok: {ns.config}: {len(config.upstreams)} upstream(s), {len(config.routes)} route(s), "
             f"{len(config.policies)} policies"
         )
+        from proxy.ops.check import describe
+
+        for line in describe(config):
+            print(f"  {line}")
         return 0
     serve(config, ns.host, ns.port)
     return 0

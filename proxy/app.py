@@ -9,22 +9,28 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.chat.pipeline import chat_completions
 from proxy.config.model import Config
+from proxy.context.calibration import Calibration
 from proxy.context.model_info import context_window, offline_environment
+from proxy.context.tokens import preload_encodings
+from proxy.coordination.setup import build_coordinator
 from proxy.errors import InvalidRequest, NotFound, ProxyError
 from proxy.http.body import error_response, forward_headers, relay_headers
+from proxy.http.guard import ErrorGuard
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
 from proxy.ops.preview import context_preview
 from proxy.ops.reload import Reloader
 from proxy.responses.pipeline import create_response
 from proxy.responses.stored import delete_response, list_input_items, retrieve_response
-from proxy.runtime import Runtime, build_upstream
+from proxy.runtime import Runtime, build_store_for, build_upstream
+from proxy.store.backends import backend_name
 from proxy.store.base import Store
 from proxy.telemetry.logging import get_logger
 from proxy.telemetry.metrics import metrics_endpoint
@@ -84,13 +90,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(error, exc.headers)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    # The one boundary where any exception is caught: the client gets OpenAI's
-    # error shape, never a traceback; the log gets the details.
-    log.error("unhandled_error", path=request.url.path, error=repr(exc), exc_info=exc)
-    return error_response(ProxyError("The proxy failed to handle this request."))
-
-
 def create_app(
     config: Config,
     *,
@@ -99,12 +98,13 @@ def create_app(
 ) -> Starlette:
     offline_environment()
     if store is None:
-        from proxy.store.sqlite import SqliteStore
-
-        store = SqliteStore(config.store.path)
+        store = build_store_for(config)
+    calibration = Calibration()
     runtime = Runtime(
         config=config,
         store=store,
+        calibration=calibration,
+        coordinator=build_coordinator(config.coordination, calibration),
         upstreams=upstreams
         if upstreams is not None
         else {name: build_upstream(u) for name, u in config.upstreams.items()},
@@ -113,6 +113,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         await runtime.store.open()
+        await runtime.coordinator.open()
+        # The bundled encodings take a second to load: in a thread now, not on a request.
+        await asyncio.to_thread(preload_encodings)
         if runtime.rewriter.needs_model_info():
             # Import litellm's model map now, off the event loop, not on a request.
             await asyncio.to_thread(context_window, "gpt-4o")
@@ -120,7 +123,13 @@ def create_app(
         expiry.start()
         reloader = Reloader(runtime, config.source)
         reloader.install()
-        log.info("proxy_started", routes=len(config.routes), config=config.source)
+        log.info(
+            "proxy_started",
+            routes=len(config.routes),
+            config=config.source,
+            store=backend_name(config.store.url),
+            coordination=runtime.coordinator.name,
+        )
         try:
             yield {}
         finally:
@@ -145,8 +154,9 @@ def create_app(
         exception_handlers={
             ProxyError: _proxy_error,
             HTTPException: _http_error,
-            Exception: _unexpected,
         },
+        # Unexpected errors: answered inside Starlette's own last resort (which re-raises).
+        middleware=[Middleware(ErrorGuard)],
         lifespan=lifespan,
     )
     app.state.runtime = runtime

@@ -10,9 +10,13 @@ from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.recall import RecallService
 from proxy.context.rewriter import Rewriter
+from proxy.context.stable_prefix import StablePrefixes
 from proxy.context.summaries import SummaryService
+from proxy.coordination.base import Coordinator
+from proxy.coordination.base import SessionLocks as CoordinatedLocks
+from proxy.coordination.local import LocalCoordinator
 from proxy.http.routing import Router
-from proxy.http.sessions import SessionLocks
+from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import Store
 from proxy.store.search_backends import recall_index_for
 from proxy.telemetry.metrics import Metrics
@@ -39,6 +43,20 @@ def build_upstream(config: UpstreamConfig) -> Upstream:
     )
 
 
+def build_store_for(config: Config) -> Store:
+    """The store the config's ``store`` section names (proxy/store/backends.py)."""
+    store = config.store
+    return build_store(
+        StoreSpec(
+            path=store.path,
+            url=store.url,
+            pool_size=store.pool_size,
+            schema=store.schema,
+            ttl_s=config.session.ttl_s,
+        )
+    )
+
+
 @dataclass
 class Runtime:
     config: Config
@@ -46,12 +64,16 @@ class Runtime:
     upstreams: dict[str, Upstream]
     router: Router = field(init=False)
     rewriter: Rewriter = field(init=False)
-    locks: SessionLocks = field(default_factory=SessionLocks)
+    # How this instance agrees with others on one store (in-process by default).
+    coordinator: Coordinator = field(default_factory=LocalCoordinator)
+    locks: CoordinatedLocks = field(init=False)
     background: Background = field(default_factory=Background)
     metrics: Metrics = field(default_factory=Metrics)
     calibration: Calibration = field(default_factory=Calibration)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
+    # Each session's last forwarded list, for X-Context-Stable-Prefix.
+    prefixes: StablePrefixes = field(default_factory=StablePrefixes)
     # Summaries made, awaited and prefetched; shared by every pinned view.
     summaries: SummaryService = field(init=False)
     # Evicted turns brought back (policies with a ``recall:`` block).
@@ -69,7 +91,10 @@ class Runtime:
         self.router = Router(self.config)
         self.rewriter = Rewriter(self.config.policies, self.calibration.factor)
         self.calibration.register(self.metrics.registry)
-        self.summaries = SummaryService(self.store, self.background, self.metrics)
+        self.locks = self.coordinator.locks
+        self.summaries = SummaryService(
+            self.store, self.background, self.metrics, flights=self.coordinator.flights
+        )
         self.recall = RecallService(recall_index_for(self.store), self.metrics)
 
     def pin(self) -> Runtime:
@@ -107,8 +132,17 @@ class Runtime:
         ``server`` and ``store`` cannot change under a running server: their
         old values stay in force.
         """
-        restart = [s for s in ("server", "store") if getattr(config, s) != getattr(self.config, s)]
-        config = replace(config, server=self.config.server, store=self.config.store)
+        restart = [
+            s
+            for s in ("server", "store", "coordination")
+            if getattr(config, s) != getattr(self.config, s)
+        ]
+        config = replace(
+            config,
+            server=self.config.server,
+            store=self.config.store,
+            coordination=self.config.coordination,
+        )
         upstreams: dict[str, Upstream] = {}
         for name, upstream_config in config.upstreams.items():
             same = self.config.upstreams.get(name) == upstream_config and name in self.upstreams
@@ -139,4 +173,5 @@ class Runtime:
         for upstream in [*self.upstreams.values(), *(u for _, u in self._retired)]:
             await upstream.close()
         self._retired.clear()
+        await self.coordinator.close()
         await self.store.close()

@@ -1,7 +1,10 @@
 """The Store backends every store contract test runs against, and what those tests share.
 
-``store`` (the SQLite store and the in-memory fake, one test run each) and
-``clock`` are fixtures, registered for the whole suite by tests/conftest.py.
+``store`` (the SQLite store, the in-memory fake, a real Redis and a real
+PostgreSQL, one test run each) and ``clock`` are fixtures, registered for the
+whole suite by tests/conftest.py. Each Redis store works under a key prefix
+of its own, deleted when the store closes; each PostgreSQL store in a schema
+of its own, dropped when the store closes.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +22,48 @@ import pytest
 
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.memory import MemoryStore
+from proxy.store.postgres import PostgresStore
+from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
+from tests.servers import RUN, require_postgres, require_redis
 
-BACKENDS = ["sqlite", "memory"]
+BACKENDS = ["sqlite", "memory", "redis", "postgres"]
 ALICE = SessionRef("tenant-a", "chat-1")
 
 
+class ScratchRedisStore(RedisStore):
+    """A Redis store under a key prefix of its own, every key of which is deleted on close."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, prefix=f"ctxtest:{uuid.uuid4().hex}:", **options)
+
+    async def close(self) -> None:
+        client = self._client
+        if client is not None:
+            keys = [key async for key in client.scan_iter(match=self.prefix + "*", count=1000)]
+            if keys:
+                await client.unlink(*keys)
+        await super().close()
+
+
+class ScratchPostgresStore(PostgresStore):
+    """A PostgreSQL store in a fresh schema of this test run, dropped on close."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, schema=f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}", **options)
+
+    async def close(self) -> None:
+        pool = self._pool
+        if pool is not None:
+            await pool.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        await super().close()
+
+
 def make_store(backend: str, directory: Path) -> Store:
+    if backend == "redis":
+        return ScratchRedisStore(require_redis())
+    if backend == "postgres":
+        return ScratchPostgresStore(require_postgres(), pool_size=4)
     # A nested directory: the SQLite store must create it.
     return SqliteStore(directory / "db" / "store.sqlite") if backend == "sqlite" else MemoryStore()
 

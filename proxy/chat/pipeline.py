@@ -20,20 +20,31 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, SummarizeSpec
+from proxy.chat.cache_step import CacheHints, cache_hints, measure_stable_prefix
 from proxy.chat.policy_step import choose_mode, summarize
 from proxy.chat.recall_step import recall_headers, recall_log_fields, recall_step, spec_recall
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
 from proxy.config.model import RouteConfig
 from proxy.context.recall import RecallOutcome
 from proxy.context.summaries import SummaryContext, SummaryOutcome
-from proxy.context.tokens import counter_for
+from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
-from proxy.http.sessions import bearer_token, content_hash, session_key, session_ref, tenant_of
+from proxy.http.sessions import (
+    bearer_token,
+    content_hash,
+    header_value,
+    session_key,
+    session_ref,
+    tenant_of,
+)
+from proxy.http.shape import check_chat, check_chat_history, valid_reply
 from proxy.runtime import Runtime
 from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.telemetry.cache_usage import cache_usage
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
+from proxy.upstream.cache_hints import splice_field
 
 log = get_logger()
 
@@ -42,30 +53,10 @@ log = get_logger()
 _ID_PREFIX = os.urandom(6).hex()
 _ID_COUNTER = itertools.count(1)
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
 
 def validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if messages is None:
-        raise InvalidRequest(
-            "'messages' is required.", param="messages", code="missing_required_parameter"
-        )
-    if not isinstance(messages, list):
-        raise InvalidRequest("'messages' must be an array.", param="messages", code="invalid_type")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(
-                f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
-            )
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}; got {role!r}.",
-                param=f"messages[{i}].role",
-                code="invalid_value",
-            )
-    return messages
+    """The body's shape (proxy/http/shape.py); its messages."""
+    return check_chat(body)
 
 
 class ChatExchange:
@@ -91,6 +82,8 @@ class ChatExchange:
         self.conversation: list[dict[str, Any]] = []
         self.decision: Decision | None = None
         self.locked = False
+        # The session lock's fencing token (shared stores check it; proxy/coordination/).
+        self.fence: int | None = None
         self.upstream_ms: float | None = None
         self.policy_s: float | None = None
         self.raw = b""
@@ -105,6 +98,10 @@ class ChatExchange:
         self.summary_ctx: SummaryContext | None = None
         # What recall did (policies with a ``recall:`` block only).
         self.recall: RecallOutcome | None = None
+        # Leading forwarded messages the session's previous request forwarded too.
+        self.stable_prefix: int | None = None
+        # The prompt-cache hints sent upstream (prompt_cache_key, breakpoints).
+        self.cache: CacheHints | None = None
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -143,16 +140,21 @@ class ChatExchange:
         self.ref = session_ref(self.tenant, self.key)
 
         self.conversation = messages
+        left_out: list[int] = []
         if self.route.history == "server" and self.ref is not None:
             if lock:
                 # Serialise the session: the next request must see this one's reply.
-                await rt.locks.acquire(self.ref)
+                self.fence = await rt.locks.acquire(self.ref)
                 self.locked = True
             started = time.perf_counter()
             stored = await rt.store.history(self.ref)
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
+            left_out = check_chat_history(stored, self.ref.key)
             self.conversation = [item.message for item in stored] + messages
 
+        if len(self.raw) >= LONG_TEXT or self.conversation is not messages:
+            # Long texts are counted in a worker thread first: no stall for the others.
+            await counter_for(model).precount(self.conversation)
         counts: list[int] | None = None
         if self.ref is not None:
             # Each message's identity in the store (and the token cache's key) and
@@ -160,6 +162,13 @@ class ChatExchange:
             self.stored = rt.messages.messages(self.ref, self.conversation, counter_for(model))
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]
+            if left_out:
+                # Stored whole (self.stored), forwarded without the replies that were not one.
+                skip = set(left_out)
+                keep = [i for i in range(len(self.conversation)) if i not in skip]
+                self.conversation = [self.conversation[i] for i in keep]
+                self.hashes = [self.hashes[i] for i in keep]
+                counts = [counts[i] for i in keep]
         choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
         spec = rt.rewriter.spec(self.policy)
@@ -183,6 +192,10 @@ class ChatExchange:
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
+        # Measured on the policy's list: a recall block goes after the stable prefix.
+        self.stable_prefix = measure_stable_prefix(
+            rt.prefixes, self.ref, self.decision, self.conversation, self.hashes, remember=lock
+        )
         if spec_recall(spec) is not None:
             self.decision, self.recall = await recall_step(
                 rt,
@@ -193,14 +206,16 @@ class ChatExchange:
                 self.hashes,
                 self.decision,
                 model,
+                sizes=counts,
             )
         return self.decision
 
     async def _send(self, body: dict[str, Any]) -> Response:
         rt = self.rt
         assert self.route is not None and self.decision is not None  # plan() ran
-        forwarded = self._forward_body(body)
         upstream_config = rt.config.upstreams[self.route.upstream]
+        self.cache = cache_hints(upstream_config, self.ref, body, self.decision.messages)
+        forwarded = self._forward_body(body)
         upstream = rt.upstreams[self.route.upstream]
         sent = time.perf_counter()
         response = await upstream.send(
@@ -213,7 +228,7 @@ class ChatExchange:
                 body=forwarded,
                 json=None
                 if upstream_config.base_url
-                else {**body, "messages": self.decision.messages},
+                else {**body, "messages": self.cache.messages or self.decision.messages},
                 stream=self.stream,
             )
         )
@@ -228,10 +243,15 @@ class ChatExchange:
 
     def _forward_body(self, body: dict[str, Any]) -> bytes:
         assert self.decision is not None
+        key = self.cache.prompt_cache_key if self.cache is not None else None
         if not self.decision.changed and self.conversation is body["messages"]:
-            # The client's bytes are sacred: nothing changed, so forward them as they came.
-            return self.raw
-        return orjson.dumps({**body, "messages": self.decision.messages})
+            # The client's bytes are sacred: nothing changed, so forward them as they
+            # came (with the session's prompt_cache_key, the one documented addition).
+            return self.raw if key is None else splice_field(self.raw, "prompt_cache_key", key)
+        out = {**body, "messages": self.decision.messages}
+        if key is not None:
+            out["prompt_cache_key"] = key
+        return orjson.dumps(out)
 
     async def _relay_whole(self, response: UpstreamResponse) -> Response:
         try:
@@ -241,23 +261,59 @@ class ChatExchange:
             return error_response(error, self._headers())
         reply: dict[str, Any] | None = None
         usage: dict[str, Any] | None = None
+        invalid: UpstreamError | None = None
         if response.status == 200:
             reply, usage = reply_from_completion(content)
-        self._finish(response.status, reply, usage=usage, upstream_status=response.status)
+            if reply is None or not valid_reply(reply):
+                # Relayed as it came, but not an answer: the user message is not
+                # stored as if it had been answered; the row says why.
+                reply = None
+                invalid = UpstreamError(
+                    "The upstream's 200 answer is not a chat completion.",
+                    code="upstream_invalid_response",
+                )
+            elif "role" not in reply:
+                reply["role"] = "assistant"
+        if reply is not None and len(content) >= LONG_TEXT:
+            await counter_for(self.model or "").precount([reply])
+        # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        future = self._finish(
+            response.status,
+            reply,
+            usage=usage,
+            upstream_status=response.status,
+            error=invalid,
+            failed=invalid is not None,
+        )
+        if future is not None and self._durable():
+            # The next request replays this one: committed before the client has it.
+            await self._committed(future)
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
         assembler = ChatReplyAssembler()
 
+        durable = self._durable()
+
         async def relay() -> AsyncIterator[bytes]:
             error: ProxyError | None = None
+            finished = counted = False
             self.rt.metrics.active_streams.inc()
             try:
                 async for chunk in response.iter_chunks():
                     assembler.feed(chunk)
+                    if assembler.whole and not counted:
+                        counted = True
+                        if assembler.size >= LONG_TEXT:
+                            await counter_for(self.model or "").precount([assembler.message()])
+                        if durable:
+                            # The chunk holding [DONE] waits for the commit: a reply
+                            # the client saw complete is a reply stored.
+                            finished = True
+                            await self._committed(self._finish_stream(assembler, None, None))
                     yield chunk
             except UpstreamError as exc:
                 # Headers are gone already: tell the client in-stream, as OpenAI does.
@@ -265,26 +321,63 @@ class ChatExchange:
                 yield b"data: " + exc.body_bytes() + b"\n\n"
             finally:
                 self.rt.metrics.active_streams.dec()
-                self._finish(
-                    200,
-                    assembler.message() if assembler.chunks else None,
-                    usage=assembler.usage,
-                    upstream_status=200,
-                    incomplete=not assembler.done,
-                    error=error,
-                    upstream=response,
-                )
+                if finished:
+                    self.rt.background.spawn(response.close(), name=f"close-{self.id}")
+                else:
+                    self._finish_stream(assembler, error, response)
 
         out = StreamingResponse(relay(), status_code=200)
         out.raw_headers = relay_headers(response.headers, self._headers())
         return out
+
+    def _finish_stream(
+        self,
+        assembler: ChatReplyAssembler,
+        error: ProxyError | None,
+        upstream: UpstreamResponse | None,
+    ) -> asyncio.Future[Any] | None:
+        """Record a relayed stream: whole, cut short (stored, marked), or malformed (not)."""
+        malformed = assembler.malformed > 0 and error is None
+        if malformed:
+            error = UpstreamError(
+                f"The upstream's stream had {assembler.malformed} malformed event(s).",
+                code="upstream_malformed_stream",
+            )
+        return self._finish(
+            200,
+            assembler.message() if assembler.chunks else None,
+            usage=assembler.usage,
+            upstream_status=200,
+            incomplete=not assembler.whole,
+            error=error,
+            failed=malformed,
+            upstream=upstream,
+        )
+
+    def _durable(self) -> bool:
+        """Whether the exchange is committed before the last byte reaches the client.
+
+        ``history: server``: the next request replays the stored reply, so a
+        reply the client saw must survive a crash. Client-held history keeps
+        the write off the response path (the client holds the reply).
+        """
+        return self.ref is not None and self.route is not None and self.route.history == "server"
+
+    async def _committed(self, future: asyncio.Future[Any] | None) -> None:
+        if future is None:
+            return
+        try:
+            await asyncio.shield(future)
+        except Exception as exc:
+            # The answer still reaches the client; the failed write is logged.
+            log.error("exchange_store_failed", request_id=self.id, error=repr(exc))
 
     # -- the record -------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:
         h = {"x-ctxproxy-request-id": self.id}
         if self.key is not None:
-            h["x-session-id"] = self.key
+            h["x-session-id"] = header_value(self.key)
         if self.route is not None:
             h["x-context-policy"] = self.policy or self.route.policy
         if self.mode is not None:
@@ -301,10 +394,14 @@ class ChatExchange:
             h["x-context-turns-dropped"] = str(d.turns_dropped)
             if d.clipped:
                 h["x-context-tool-outputs-clipped"] = str(len(d.clipped))
+            if d.masked:
+                h["x-context-tool-outputs-masked"] = str(len(d.masked))
             if d.reason:
                 h["x-context-trim-reason"] = d.reason
         if self.recall is not None:
             h.update(recall_headers(self.recall))
+        if self.stable_prefix is not None:
+            h["x-context-stable-prefix"] = str(self.stable_prefix)
         return h
 
     def _finish_failed(
@@ -323,7 +420,8 @@ class ChatExchange:
         error: ProxyError | None = None,
         failed: bool = False,
         upstream: UpstreamResponse | None = None,
-    ) -> None:
+    ) -> asyncio.Future[Any] | None:
+        """Log, count and queue the write; the write's future when the store queued it."""
         total_ms = (time.perf_counter() - self.started) * 1000
         record = self._record(status, upstream_status, usage, incomplete, error, total_ms)
         self._log(record)
@@ -334,7 +432,7 @@ class ChatExchange:
             self._unlock()
             if upstream is not None:
                 self.rt.background.spawn(upstream.close(), name=f"close-{self.id}")
-            return
+            return None
         ok = not failed and upstream_status == 200
         conversation = self._stored_conversation() if ok else []
         reply_in: MessageIn | None = None
@@ -358,11 +456,12 @@ class ChatExchange:
             future = self.rt.store.record_exchange_soon(self.ref, conversation, reply_in, record)
             future.add_done_callback(functools.partial(self._written, time.perf_counter()))
             self.rt.background.track(future, name=f"store-{self.id}")
-            return
+            return future
         self.rt.background.spawn(
             self._write(self.ref, conversation, reply_in, record, upstream),
             name=f"store-{self.id}",
         )
+        return None
 
     async def _write(
         self,
@@ -424,7 +523,12 @@ class ChatExchange:
             total_ms=total_ms,
             usage=usage,
             created_at=time.time(),
+            stable_prefix=self.stable_prefix,
         )
+        cached = cache_usage(usage)
+        record.upstream_prompt_tokens = cached.prompt_tokens
+        record.cached_tokens = cached.cached_tokens
+        record.cache_write_tokens = cached.cache_write_tokens
         if d is not None:
             record.messages_after = len(d.messages)
             record.tokens_before = d.tokens_before
@@ -446,10 +550,24 @@ class ChatExchange:
                 ],
                 **d.extra,
             }
+            if d.masked:
+                # Positions in the conversation as received, as for ``clipped``.
+                record.detail["masked"] = [
+                    {
+                        "index": m.index,
+                        "tokens_before": m.tokens_before,
+                        "tokens_after": m.tokens_after,
+                    }
+                    for m in d.masked
+                ]
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
         if self.recall is not None:
             record.detail["recall"] = self.recall.detail()
+        if self.cache is not None and self.cache.sent:
+            record.detail["cache_hints"] = self.cache.detail()
+        if self.fence is not None:
+            record.detail["fence"] = self.fence
         return record
 
     def _observe(self, r: RequestRecord) -> None:
@@ -468,6 +586,13 @@ class ChatExchange:
         )
         if self.policy_s is not None:
             metrics.policy_seconds.observe((r.policy,), self.policy_s)
+        metrics.observe_cache(
+            route=r.route,
+            policy=r.policy,
+            prompt_tokens=r.upstream_prompt_tokens,
+            cached_tokens=r.cached_tokens,
+            cache_write_tokens=r.cache_write_tokens,
+        )
         if r.upstream_status == 200 and r.usage is not None:
             # What was forwarded (messages plus tools and priming) vs what was billed.
             self.rt.calibration.observe_usage(r.model, r.tokens_after, r.usage)
@@ -496,6 +621,10 @@ class ChatExchange:
             fallback=r.detail.get("fallback"),
             **(recall_log_fields(self.recall) if self.recall is not None else {}),
             incomplete=r.incomplete,
+            stable_prefix=r.stable_prefix,
+            upstream_prompt_tokens=r.upstream_prompt_tokens,
+            cached_tokens=r.cached_tokens,
+            cache_write_tokens=r.cache_write_tokens,
             error=r.error,
             upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
             total_ms=round(r.total_ms or 0.0, 2),

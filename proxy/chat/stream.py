@@ -34,17 +34,27 @@ class SSEParser:
 
 
 class ChatReplyAssembler:
-    """Rebuilds the assistant message of choice 0 from chat.completion.chunk events."""
+    """Rebuilds the assistant message of choice 0 from chat.completion.chunk events.
 
-    def __init__(self) -> None:
+    It reads a copy of the relayed bytes and never raises: an event that is
+    not JSON, or whose parts have the wrong types (a ``delta`` that is not an
+    object...), is counted in ``malformed`` and otherwise ignored. Assembly
+    stops past ``max_bytes`` of reply text (``truncated``); the relay goes on.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._parser = SSEParser()
         self._content: list[str] = []
         self._refusal: list[str] = []
         self._tool_calls: dict[int, dict[str, Any]] = {}
+        self._size = 0
+        self._max_bytes = max_bytes
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.chunks = 0
+        self.malformed = 0
+        self.truncated = False
 
     def feed(self, chunk: bytes) -> None:
         for data in self._parser.feed(chunk):
@@ -54,41 +64,87 @@ class ChatReplyAssembler:
             try:
                 event = orjson.loads(data)
             except orjson.JSONDecodeError:
+                self.malformed += 1
                 continue
-            if isinstance(event, dict):
+            if not isinstance(event, dict):
+                self.malformed += 1
+            elif "error" in event and "choices" not in event:
+                self.malformed += 1  # an in-stream error event: the reply did not finish
+            else:
                 self._event(event)
 
     def _event(self, event: dict[str, Any]) -> None:
         self.chunks += 1
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
-        for choice in event.get("choices") or ():
+        choices = event.get("choices") or []
+        if not isinstance(choices, list):
+            self.malformed += 1
+            return
+        for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = choice["finish_reason"]
             delta = choice.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                self._content.append(delta["content"])
-            if isinstance(delta.get("refusal"), str):
-                self._refusal.append(delta["refusal"])
-            for call in delta.get("tool_calls") or ():
+            if not isinstance(delta, dict):
+                self.malformed += 1
+                continue
+            self._delta(delta)
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        content, refusal = delta.get("content"), delta.get("refusal")
+        for text, parts in ((content, self._content), (refusal, self._refusal)):
+            if isinstance(text, str) and text:
+                self._size += len(text)
+                if self._size > self._max_bytes:
+                    self.truncated = True
+                    return
+                parts.append(text)
+        calls = delta.get("tool_calls") or []
+        if not isinstance(calls, list):
+            self.malformed += 1
+            return
+        for call in calls:
+            if isinstance(call, dict):
                 self._tool_call(call)
+            else:
+                self.malformed += 1
 
     def _tool_call(self, call: dict[str, Any]) -> None:
         index = call.get("index", len(self._tool_calls))
+        if not isinstance(index, int) or isinstance(index, bool):
+            self.malformed += 1
+            return
         slot = self._tool_calls.setdefault(
             index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
         )
-        if call.get("id"):
+        if isinstance(call.get("id"), str) and call["id"]:
             slot["id"] = call["id"]
-        if call.get("type"):
+        if isinstance(call.get("type"), str) and call["type"]:
             slot["type"] = call["type"]
         fn = call.get("function") or {}
-        if fn.get("name"):
-            slot["function"]["name"] += fn["name"]
-        if fn.get("arguments"):
-            slot["function"]["arguments"] += fn["arguments"]
+        if not isinstance(fn, dict):
+            self.malformed += 1
+            return
+        for key in ("name", "arguments"):
+            value = fn.get(key)
+            if isinstance(value, str) and value:
+                self._size += len(value)
+                if self._size > self._max_bytes:
+                    self.truncated = True
+                    return
+                slot["function"][key] += value
+
+    @property
+    def size(self) -> int:
+        """Characters of reply text assembled so far."""
+        return self._size
+
+    @property
+    def whole(self) -> bool:
+        """The stream ended as a finished answer: [DONE], nothing malformed or cut off."""
+        return self.done and not self.malformed and not self.truncated
 
     def message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}

@@ -15,20 +15,27 @@ from typing import Any
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.masking import mask_spec
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
+    CacheConfig,
     Config,
     LoggingConfig,
     RouteConfig,
     RouteMatch,
     ServerConfig,
     SessionConfig,
-    StoreConfig,
     UpstreamConfig,
 )
 from proxy.config.node import ANY, Node, duration, show
 from proxy.config.recall import recall_spec
+from proxy.config.shared import (
+    COORDINATION_KEYS,
+    check_coordination,
+    coordination_config,
+    store_config,
+)
 from proxy.config.summarize import (
     BUILTIN_MODES,
     check_route_policy,
@@ -102,6 +109,20 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
+        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+    )
+
+
+def _cache(node: Node) -> CacheConfig:
+    breakpoints = node.text("breakpoints", "auto")
+    if breakpoints not in ("auto", "off"):
+        raise ConfigError(node.at("breakpoints"), f"must be auto or off, got {breakpoints!r}")
+    key = node.text("prompt_cache_key", "session")
+    if key not in ("session", "off"):
+        raise ConfigError(node.at("prompt_cache_key"), f"must be session or off, got {key!r}")
+    return CacheConfig(
+        breakpoints="off" if breakpoints == "off" else "auto",
+        prompt_cache_key="off" if key == "off" else "session",
     )
 
 
@@ -110,8 +131,8 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
     if strategy == "summarize":
         return summarize_policy(node, base_dir, upstreams)
     if strategy in (None, "none"):
-        Node(node.path, node.value, {"strategy"})
-        return NoneSpec()
+        node = Node(node.path, node.value, {"strategy", "mask_tool_outputs"})
+        return NoneSpec(mask_tool_outputs=mask_spec(node))
     if strategy == "trim":
         node = Node(
             node.path,
@@ -124,6 +145,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
                 "low_water",
                 "tool_output_max_tokens",
                 "recall",
+                "mask_tool_outputs",
             },
         )
         spec = TrimSpec(
@@ -132,6 +154,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
             context_fraction=node.number("context_fraction", high=1.0),
             low_water=node.number("low_water", high=1.0),
             tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
+            mask_tool_outputs=mask_spec(node),
         )
         budgeted = spec.max_tokens is not None or spec.context_fraction is not None
         spec = dataclasses.replace(spec, recall=recall_spec(node, has_budget=budgeted))
@@ -174,7 +197,17 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     root = Node(
         "",
         data,
-        {"server", "session", "store", "upstreams", "routes", "policies", "logging", "admin"},
+        {
+            "server",
+            "session",
+            "store",
+            "coordination",
+            "upstreams",
+            "routes",
+            "policies",
+            "logging",
+            "admin",
+        },
     )
     ups = root.raw("upstreams")
     if not isinstance(ups, Mapping) or not ups:
@@ -194,6 +227,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
                     "connect_timeout_s",
                     "headers",
                     "responses",
+                    "cache",
                 },
             ),
         )
@@ -228,14 +262,17 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     fmt = log.text("format", "auto") or "auto"
     if fmt not in ("auto", "json", "console"):
         raise ConfigError("logging.format", f"must be auto, json or console, got {fmt!r}")
-    store = root.child("store", {"path"})
+    store = store_config(root.child("store", {"path", "url", "pool_size", "schema"}))
+    coordination = coordination_config(root.child("coordination", COORDINATION_KEYS))
+    check_coordination(store, coordination)
     return Config(
         upstreams=upstreams,
         routes=routes,
         policies=policies,
         server=_server(root.child("server", {"host", "port", "max_body_bytes"})),
         session=_session(root.child("session", {"header", "fallbacks", "ttl"})),
-        store=StoreConfig(path=store.text("path", StoreConfig.path) or StoreConfig.path),
+        store=store,
+        coordination=coordination,
         logging=LoggingConfig(level=level, format=fmt),  # type: ignore[arg-type]
         admin=_admin(root.child("admin", {"api_key"})),
         source=source,

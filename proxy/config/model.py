@@ -40,6 +40,36 @@ class SessionConfig:
 @dataclass(frozen=True)
 class StoreConfig:
     path: str = "./data/ctxproxy.db"
+    # A shared store (postgresql://..., redis://...); None: SQLite at ``path``.
+    # Out of repr: the URL may carry a password.
+    url: str | None = field(default=None, repr=False)
+    # PostgreSQL: connections per instance, and the schema the tables live in.
+    pool_size: int = 10
+    schema: str | None = None
+
+
+@dataclass(frozen=True)
+class CoordinationConfig:
+    """How instances sharing a store agree (proxy/coordination/); None URL: in-process."""
+
+    redis_url: str | None = field(default=None, repr=False)
+    key_prefix: str = "ctxproxy"
+    # A session lock's lease: a crashed holder's lock expires after this long.
+    lock_lease_s: float = 15.0
+    # How long a ``history: server`` request waits for its session's lock.
+    lock_wait_s: float = 120.0
+    # A shared store without Redis: allowed only when stated that one instance uses it.
+    single_instance: bool = False
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """An upstream's `cache`: prompt-cache hints the proxy adds (README, "Prompt caching")."""
+
+    # "auto": Anthropic cache_control breakpoints for Claude models behind litellm.
+    breakpoints: Literal["auto", "off"] = "auto"
+    # "session": a prompt_cache_key per session for OpenAI-compatible upstreams.
+    prompt_cache_key: Literal["session", "off"] = "session"
 
 
 @dataclass(frozen=True)
@@ -58,6 +88,7 @@ class UpstreamConfig:
     # How /v1/responses reaches it: "native" forwards to its own /responses;
     # "bridge" translates to chat completions and back (litellm_model: always).
     responses: Literal["native", "bridge"] = "native"
+    cache: CacheConfig = CacheConfig()
 
 
 @dataclass(frozen=True)
@@ -99,6 +130,7 @@ class Config:
     server: ServerConfig = ServerConfig()
     session: SessionConfig = SessionConfig()
     store: StoreConfig = StoreConfig()
+    coordination: CoordinationConfig = CoordinationConfig()
     logging: LoggingConfig = LoggingConfig()
     admin: AdminConfig = AdminConfig()
     source: str | None = None

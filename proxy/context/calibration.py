@@ -62,6 +62,9 @@ class Calibration:
         self.models: dict[str, ModelCalibration] = {}
         # Applied factors by model, kept apart so the hot path is one dict lookup.
         self._factors: dict[str, float] = {}
+        # Shared by several instances (proxy/coordination/calibration_share.py):
+        # factors come only from ``adopt``, so every instance applies the same.
+        self.shared = False
 
     def observe(self, model: str, local: int, reported: int) -> None:
         """One answer: ``local`` tokens forwarded (as counted here), ``reported`` billed."""
@@ -77,8 +80,30 @@ class Calibration:
         entry.local = entry.local * keep + local
         entry.samples += 1
         entry.last_reported, entry.last_local = reported, local
-        if entry.samples >= self.min_samples:
+        if entry.samples >= self.min_samples and not self.shared:
             self._factors[model] = min(self.high, max(self.low, entry.ratio()))
+
+    def state(self) -> dict[str, tuple[float, float, int]]:
+        """This instance's decayed sums per model: (reported, local, samples)."""
+        return {m: (e.reported, e.local, e.samples) for m, e in self.models.items()}
+
+    def adopt(self, states: list[dict[str, tuple[float, float, int]]]) -> None:
+        """Apply factors from every instance's sums (this one's included), summed per model.
+
+        Instances that adopt the same states apply the same factors.
+        """
+        totals: dict[str, list[float]] = {}
+        for state in states:
+            for model, (reported, local, samples) in state.items():
+                t = totals.setdefault(model, [0.0, 0.0, 0.0])
+                t[0] += reported
+                t[1] += local
+                t[2] += samples
+        self._factors = {
+            model: min(self.high, max(self.low, reported / local))
+            for model, (reported, local, samples) in totals.items()
+            if samples >= self.min_samples and local > 0
+        }
 
     def observe_usage(self, model: str | None, local: int, usage: Any) -> None:
         """``observe`` from an answer's ``usage`` object, when it has prompt tokens."""

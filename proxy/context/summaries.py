@@ -12,7 +12,10 @@ covers, path hash of the last item it covers). A request needing a range
 already in progress (a prefetch, or a concurrent request) waits for that
 call instead of making another. Across processes, the store is checked
 before the call, and saving is first-writer-wins per range, so a late
-duplicate is never stored.
+duplicate is never stored. With shared ``flights`` (proxy/coordination/,
+Redis), the range is also claimed across instances before the call: an
+instance that finds it claimed waits for the summary to reach the store
+(proxy/context/summary_flight.py) instead of calling the summarizer too.
 
 A summary is stored only after the summarizer answered; a failure leaves
 the store as it was, and the request is served by the trimming fallback.
@@ -51,6 +54,8 @@ from proxy.context.summarizer import (
     SummaryFailed,
     SummaryRequest,
 )
+from proxy.context.summary_flight import Claim, claim_range
+from proxy.coordination.base import Flights
 from proxy.store.base import (
     MessageIn,
     SessionRef,
@@ -112,10 +117,18 @@ _Result = StoredSummary | SummaryFailed
 
 
 class SummaryService:
-    def __init__(self, store: Store, background: Background, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        background: Background,
+        metrics: Metrics,
+        *,
+        flights: Flights | None = None,
+    ) -> None:
         self.store = store
         self.background = background
         self.metrics = metrics
+        self.flights = flights
         self._inflight: dict[_Key, asyncio.Task[_Result]] = {}
 
     @property
@@ -232,37 +245,21 @@ class SummaryService:
             for found in await self.store.summaries_for(ctx.ref, paths[: task.end]):
                 if (found.covers_path_hash, found.start_unit) == (end, task.start_unit):
                     return found
-            summarizer = ctx.summarizer()
-            previous = task.previous
-            output = await summarizer.summarize(
-                SummaryRequest(
-                    previous=previous.text if previous is not None else None,
-                    transcript=transcript(ctx.messages, task.source),
-                    max_tokens=task.max_tokens,
+            claim: Claim | None = None
+            if self.flights is not None:
+                claimed = await claim_range(
+                    self.flights, self.store, ctx.ref, task, paths, ctx.spec.summarizer.timeout_s
                 )
-            )
-            source = [message_text(ctx.messages[i]) for i in task.source]
-            if previous is not None:
-                source += [previous.text, *(f.value for f in previous.facts)]
-            flagged = unsupported(output.text, "\n".join(source))
-            covered = [
-                MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
-                for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
-            ]
-            stored = await self.store.save_summary(
-                ctx.ref,
-                covered,
-                SummaryIn(
-                    text=output.text,
-                    start_unit=task.start_unit,
-                    facts=tuple(f.as_json() for f in task.facts),
-                    flagged=tuple(flagged),
-                    model=output.model,
-                    prompt_hash=summarizer.prompt_hash,
-                    usage=output.usage,
-                    previous_summary_id=previous.id if previous is not None else None,
-                ),
-            )
+                if isinstance(claimed, SummaryFailed):
+                    return self._failed(claimed, fields, started)
+                if not isinstance(claimed, Claim):
+                    return claimed  # another instance made it
+                claim = claimed
+            try:
+                stored, output, flagged = await self._summarize(ctx, task)
+            finally:
+                if claim is not None:
+                    await claim.done()
         except SummaryFailed as exc:
             return self._failed(exc, fields, started)
         except Exception as exc:  # the boundary: a summary is optional, the request is not
@@ -276,6 +273,44 @@ class SummaryService:
             log.warning("summary_unverified_entities", summary_id=stored.id, count=len(flagged))
             log.debug("summary_unverified_entities_values", summary_id=stored.id, values=flagged)
         return stored
+
+    async def _summarize(
+        self, ctx: SummaryContext, task: SummaryTask
+    ) -> tuple[StoredSummary, Any, list[str]]:
+        """Call the summarizer and store what it made (raises SummaryFailed)."""
+        assert ctx.ref is not None and ctx.hashes is not None
+        summarizer = ctx.summarizer()
+        previous = task.previous
+        output = await summarizer.summarize(
+            SummaryRequest(
+                previous=previous.text if previous is not None else None,
+                transcript=transcript(ctx.messages, task.source),
+                max_tokens=task.max_tokens,
+            )
+        )
+        source = [message_text(ctx.messages[i]) for i in task.source]
+        if previous is not None:
+            source += [previous.text, *(f.value for f in previous.facts)]
+        flagged = unsupported(output.text, "\n".join(source))
+        covered = [
+            MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
+            for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
+        ]
+        stored = await self.store.save_summary(
+            ctx.ref,
+            covered,
+            SummaryIn(
+                text=output.text,
+                start_unit=task.start_unit,
+                facts=tuple(f.as_json() for f in task.facts),
+                flagged=tuple(flagged),
+                model=output.model,
+                prompt_hash=summarizer.prompt_hash,
+                usage=output.usage,
+                previous_summary_id=previous.id if previous is not None else None,
+            ),
+        )
+        return stored, output, flagged
 
     def _failed(self, exc: SummaryFailed, fields: dict[str, Any], started: float) -> SummaryFailed:
         self.metrics.count_summary("failed")

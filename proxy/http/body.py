@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
+from proxy.http.shape import check_depth
 
 # Client headers never forwarded: they describe this hop, or belong to us.
 _NOT_FORWARDED = frozenset(
@@ -64,6 +65,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    check_depth(data, raw.count(b"[") + raw.count(b"{"))
     return data
 
 
@@ -91,6 +93,14 @@ def relay_headers(
     upstream_headers: Iterable[tuple[str, str]], ours: Mapping[str, str]
 ) -> list[tuple[bytes, bytes]]:
     """Raw ASGI headers: the upstream's (repeated ones kept), then ours."""
-    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream_headers]
-    raw.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in ours.items())
+    if not isinstance(upstream_headers, (list, tuple)):
+        upstream_headers = list(upstream_headers)
+    try:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream_headers]
+        raw.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in ours.items())
+    except UnicodeEncodeError:
+        # A value outside Latin-1 (an upstream's UTF-8 header, decoded): sent as UTF-8
+        # bytes rather than failing an answer the upstream already gave.
+        pairs = [*upstream_headers, *ours.items()]
+        raw = [(k.lower().encode("utf-8"), v.encode("utf-8", "replace")) for k, v in pairs]
     return raw

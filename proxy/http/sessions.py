@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -65,6 +66,23 @@ def session_key(
             code="invalid_session_id",
         )
     return value
+
+
+# Kept as they are in the X-Session-Id response header: printable ASCII but '%'.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def header_value(key: str) -> str:
+    """A session id as the response header carries it: percent-encoded UTF-8 where needed.
+
+    Header values are Latin-1 bytes; an id from the body (``user``,
+    ``metadata.session_id``) may be any Unicode. Printable ASCII other than
+    ``%`` is kept as is, everything else is percent-encoded, so
+    ``urllib.parse.unquote`` of the header always gives back the id.
+    """
+    if key.isascii() and key.isprintable() and "%" not in key:
+        return key
+    return quote(key, safe=_HEADER_SAFE)
 
 
 def session_ref(tenant: str, key: str | None) -> SessionRef | None:

@@ -30,6 +30,7 @@ from proxy.ops.admin_views import (
     session_detail,
     session_list,
 )
+from proxy.ops.cache_views import metrics_cache
 from proxy.runtime import Runtime
 from proxy.store.base import SessionRef
 
@@ -135,6 +136,10 @@ async def _calibration(request: Request, rt: Runtime) -> Response:
     return _json({"object": "list", "data": rt.calibration.snapshot()})
 
 
+async def _cache(request: Request, rt: Runtime) -> Response:
+    return _json(metrics_cache(rt.metrics))
+
+
 async def _unknown(request: Request, rt: Runtime) -> Response:
     raise NotFound(f"Unknown admin path or method: {request.method} {request.url.path}")
 
@@ -148,6 +153,7 @@ ROUTES = [
     Route("/admin/sessions/{tenant}/{key:path}", _admin(_session), methods=["GET", "DELETE"]),
     Route("/admin/requests/{request_id}", _admin(_request), methods=["GET"]),
     Route("/admin/calibration", _admin(_calibration), methods=["GET"]),
+    Route("/admin/cache", _admin(_cache), methods=["GET"]),
     # Anything else under /admin (wrong method included) still needs the key first.
     Route("/admin", _admin(_unknown), methods=ANY_METHOD),
     Route("/admin/{rest:path}", _admin(_unknown), methods=ANY_METHOD),

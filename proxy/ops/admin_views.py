@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.context.calibration import Calibration
+from proxy.ops.cache_views import cache_summary, request_cache
 from proxy.store.base import SessionInfo, SessionRef, Store, StoredItem, StoredSummary
 
 DEFAULT_PAGE = 50
@@ -181,10 +182,13 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
             "repaired": detail.get("repaired", []),
         },
         "clipped": detail.get("clipped", []),
+        "masked": detail.get("masked", []),
         "summarized": summarized_view(row),
         "fallback": detail.get("fallback"),
         "latency_ms": {"total": row["total_ms"], "upstream": row["upstream_ms"]},
         "usage": row["usage"],
+        # The upstream's prompt-cache figures, the stable prefix and the hints sent.
+        "cache": request_cache(row),
         "items": {
             "first": row.get("first_item_id"),
             "last": row.get("last_item_id"),
@@ -250,6 +254,8 @@ async def session_detail(
         # Views over the stored chain, oldest first.
         "summaries": [summary_view(s, branch, used_by) for s in await store.summaries(ref)],
         "requests": [request_view(r) for r in rows],
+        # Cached ÷ prompt tokens, as the upstream reported them: in total and per policy.
+        "cache": cache_summary(rows),
         "calibration": []
         if calibration is None
         else [c for c in calibration.snapshot() if c["model"] in models],

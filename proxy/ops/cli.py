@@ -148,10 +148,12 @@ def print_session(d: dict[str, Any], out: TextIO) -> None:
             file=out,
         )
     print_summaries(d["summaries"], out)
+    print_cache(d.get("cache"), out)
     print("\nrequests:", file=out)
     print(
         f"{'request':24} {'created (UTC)':23} {'policy':12} {'status':>6} {'tokens':>13} "
-        f"{'dropped':>9} {'reason':10} {'total ms':>9} {'upstream':>9}",
+        f"{'dropped':>9} {'reason':10} {'total ms':>9} {'upstream':>9} {'cached':>8} "
+        f"{'stable':>6}",
         file=out,
     )
     for r in d["requests"]:
@@ -159,10 +161,13 @@ def print_session(d: dict[str, Any], out: TextIO) -> None:
         tokens = f"{t['before']}->{t['after']}"
         dropped = f"{dr['messages']}m/{dr['turns']}t"
         upstream = f"{ms['upstream']:.1f}" if ms["upstream"] is not None else "-"
+        cache = r.get("cache") or {}
+        cached = "-" if cache.get("cached_tokens") is None else str(cache["cached_tokens"])
+        stable = "-" if cache.get("stable_prefix") is None else str(cache["stable_prefix"])
         print(
             f"{r['id']:24} {r['created_at'][:23]:23} {r['policy']:12} {r['status']:6d} "
             f"{tokens:>13} {dropped:>9} {dr['reason'] or '-':10} {ms['total'] or 0:9.1f} "
-            f"{upstream:>9}",
+            f"{upstream:>9} {cached:>8} {stable:>6}",
             file=out,
         )
         if r["error"]:
@@ -170,6 +175,25 @@ def print_session(d: dict[str, Any], out: TextIO) -> None:
         used = summary_use(r)
         if used:
             print(f"{'':24} {used}", file=out)
+
+
+def print_cache(cache: dict[str, Any] | None, out: TextIO) -> None:
+    """The session's prompt-cache hit ratio (the upstream's figures), in total and per policy."""
+    if not cache or not cache["requests"]:
+        print("\nprompt cache: no usage reported by the upstream", file=out)
+        return
+
+    def line(c: dict[str, Any]) -> str:
+        ratio = "-" if c["hit_ratio"] is None else f"{c['hit_ratio']:.1%}"
+        written = f", {c['cache_write_tokens']} written" if c["cache_write_tokens"] else ""
+        return (
+            f"{c['cached_tokens']} of {c['prompt_tokens']} prompt tokens cached ({ratio}) "
+            f"over {c['requests']} requests{written}"
+        )
+
+    print(f"\nprompt cache: {line(cache)}", file=out)
+    for policy, c in cache["by_policy"].items():
+        print(f"  policy {policy}: {line(c)}", file=out)
 
 
 def print_summaries(summaries: list[dict[str, Any]], out: TextIO) -> None:

@@ -19,9 +19,11 @@ from starlette.responses import JSONResponse, Response
 
 from policies.types import Decision
 from proxy.chat.pipeline import ChatExchange
+from proxy.context.tokens import counter_for
 from proxy.http.body import parse_object, read_body
 from proxy.responses.pipeline import ResponsesExchange
 from proxy.runtime import Runtime
+from proxy.telemetry.cache_usage import estimate_cached
 
 
 def decision_view(d: Decision, messages_before: int) -> dict[str, Any]:
@@ -43,10 +45,35 @@ def decision_view(d: Decision, messages_before: int) -> dict[str, Any]:
             {"index": c.index, "tokens_before": c.tokens_before, "tokens_after": c.tokens_after}
             for c in d.clipped
         ],
+        # Tool results forwarded as a placeholder (mask_tool_outputs); stored in full.
+        "masked": [
+            {"index": m.index, "tokens_before": m.tokens_before, "tokens_after": m.tokens_after}
+            for m in d.masked
+        ],
         # Upstream tokens per local token applied to the budget (1.0: none).
         "calibration": d.extra.get("calibration", 1.0),
         "extra": {k: v for k, v in d.extra.items() if k != "calibration"},
     }
+
+
+def cache_estimate(
+    exchange: ChatExchange, decision: Decision, body: dict[str, Any]
+) -> dict[str, Any]:
+    """What the upstream's prompt cache could serve: the leading messages the session's
+    previous request forwarded too, in tokens (tools and other fixed parts included,
+    as they precede the messages), and what an OpenAI-style cache (1,024-token
+    minimum, 128-token steps) would report for them. An estimate: the upstream's own
+    figure is on the request row."""
+    stable = exchange.stable_prefix
+    out: dict[str, Any] = {"stable_prefix": stable}
+    if stable is not None and not isinstance(exchange, ResponsesExchange):
+        counter = counter_for(exchange.model or "")
+        tokens = counter.count_messages(decision.messages[:stable])
+        if stable:
+            tokens += counter.count_request_fixed(body)
+        out["stable_prefix_tokens"] = tokens
+        out["estimated_cached_tokens"] = estimate_cached(tokens)
+    return out
 
 
 def _exchange(rt: Runtime, request: Request, body: dict[str, Any]) -> ChatExchange:
@@ -101,6 +128,7 @@ async def context_preview(request: Request) -> Response:
             "stored_messages_prepended": history,
             **forwarded,
             "decision": decision_view(decision, len(exchange.conversation)),
+            "cache": cache_estimate(exchange, decision, body),
         }
         # The same X-Context-* headers the real request would carry (no request id:
         # no request row is written for a preview).

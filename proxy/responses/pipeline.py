@@ -38,11 +38,21 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, NoneSpec
+from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.pipeline import ChatExchange
+from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
-from proxy.responses.items import ItemCounter, decide, input_items, item_hash, item_role
+from proxy.http.shape import check_responses
+from proxy.responses.items import (
+    ItemCounter,
+    chat_view,
+    decide,
+    input_items,
+    item_hash,
+    item_role,
+)
 from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
 from proxy.runtime import Runtime
@@ -56,6 +66,7 @@ from proxy.store.base import (
 )
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamResponse
+from proxy.upstream.cache_hints import splice_field
 
 log = get_logger()
 
@@ -101,6 +112,7 @@ class ResponsesExchange(ChatExchange):
     async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
         """Route, previous chain, session and the policy's decision (read-only)."""
         rt = self.rt
+        check_responses(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a string.", param="model")
@@ -114,6 +126,9 @@ class ResponsesExchange(ChatExchange):
         self.chain_len = len(chain)
         self.conversation = [stored.message for stored in chain] + items
         self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
+        if len(self.raw) >= LONG_TEXT:
+            # Long texts are counted in a worker thread first: no stall for the others.
+            await counter_for(model).precount(map(chat_view, self.conversation))
         # An unknown previous response: the upstream holds the context, the
         # input alone is not it, so there is nothing here to trim.
         spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
@@ -122,6 +137,9 @@ class ResponsesExchange(ChatExchange):
             spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
         )
         self.policy_s = time.perf_counter() - started
+        self.stable_prefix = measure_stable_prefix(
+            rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock
+        )
         return self.decision
 
     async def _previous_chain(self, value: object) -> list[StoredItem]:
@@ -186,11 +204,25 @@ class ResponsesExchange(ChatExchange):
         replayed = [i < self.chain_len for i in d.kept]
         known = ids_of(self.conversation[: self.chain_len]) if self.previous else {}
         self.replay = replay(d.messages, replayed, known)
+        assert self.route is not None
+        config = self.rt.config.upstreams[self.route.upstream]
+        # A chain the upstream holds (an id the proxy never saw) is forwarded untouched.
+        hinted = config.base_url is not None and not self.previous_unknown
+        self.cache = cache_hints(config, self.ref, body, []) if hinted else None
+        key = self.cache.prompt_cache_key if self.cache is not None else None
         if self.previous is None and not d.changed and not self.replay.changed:
-            # The client's bytes are sacred: nothing to rewrite, forward them as they came.
-            return self.raw, body
+            # The client's bytes are sacred: nothing to rewrite, forward them as they
+            # came (with the session's prompt_cache_key, the one documented addition).
+            if key is None:
+                return self.raw, body
+            return splice_field(self.raw, "prompt_cache_key", key), {
+                **body,
+                "prompt_cache_key": key,
+            }
         out = {k: v for k, v in body.items() if k != "previous_response_id"}
         out["input"] = self.replay.items
+        if key is not None:
+            out["prompt_cache_key"] = key
         return orjson.dumps(out), out
 
     async def _relay_whole(self, response: UpstreamResponse) -> Response:
@@ -200,13 +232,20 @@ class ResponsesExchange(ChatExchange):
             self._finish_failed(error.status, error, upstream_status=response.status)
             return error_response(error, self._headers())
         answer = response_from_body(content) if response.status == 200 else None
-        if answer is not None:
-            await self._commit(answer)
-        else:
-            self._finish(response.status, None, upstream_status=response.status)
+        # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
+        if answer is not None:
+            await self._commit(answer)
+        else:
+            invalid = None
+            if response.status == 200:
+                invalid = UpstreamError(
+                    "The upstream's 200 answer is not a response object.",
+                    code="upstream_invalid_response",
+                )
+            self._finish(response.status, None, upstream_status=response.status, error=invalid)
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
@@ -278,6 +317,8 @@ class ResponsesExchange(ChatExchange):
             return
         ref = SessionRef(self.tenant, self.key)
         counter = ItemCounter(self.model or "")
+        outputs = [o for o in answer.get("output") or () if isinstance(o, dict)]
+        await counter.counter.precount(map(chat_view, outputs))
         conversation = [
             MessageIn(item, h, item_role(item), counter.count(item, h))
             for item, h in zip(self.conversation, self.item_hashes, strict=True)

@@ -93,6 +93,12 @@ class RequestRecord:
     # Everything else worth keeping (decision details, clips, repairs...).
     detail: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    # The upstream's own prompt-cache figures (proxy.telemetry.cache_usage); None: not reported.
+    upstream_prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    # Leading forwarded messages identical to the session's previous forwarded list.
+    stable_prefix: int | None = None
 
 
 @dataclass(frozen=True)
@@ -381,4 +387,8 @@ def request_row(
         "last_item_id": last_item_id,
         "reply_item_id": reply_item_id,
         "created_at": created_at,
+        "upstream_prompt_tokens": record.upstream_prompt_tokens,
+        "cached_tokens": record.cached_tokens,
+        "cache_write_tokens": record.cache_write_tokens,
+        "stable_prefix": record.stable_prefix,
     }

@@ -140,7 +140,16 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (session_id, covers_path_hash, start_unit)
     );
     """,
-    # 4: the recall index (see proxy/store/sqlite_search.py). FTS5 over each item's
+    # 4: prompt caching: the upstream's own cache figures and the stable prefix.
+    """
+    -- As the upstream reported them (usage), NULL when it did not.
+    ALTER TABLE requests ADD COLUMN upstream_prompt_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN cached_tokens INTEGER;
+    ALTER TABLE requests ADD COLUMN cache_write_tokens INTEGER;
+    -- Leading forwarded messages identical to the session's previous request's.
+    ALTER TABLE requests ADD COLUMN stable_prefix INTEGER;
+    """,
+    # 5: the recall index (see proxy/store/sqlite_search.py). FTS5 over each item's
     # searchable text: ``scope`` holds one token naming the session (s<id>), so a
     # query is confined to one session by the index itself; ``pos`` is the item's
     # position in its chain (its depth from the root). Kept in step with items:

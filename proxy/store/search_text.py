@@ -1,7 +1,7 @@
 """The searchable text of a stored message or Responses item (what the recall index holds).
 
 The same text as the migration that indexed existing items computes in SQL
-(proxy/store/migrations.py, version 4): the message's content (a string, or
+(proxy/store/migrations.py, version 5): the message's content (a string, or
 its text parts), each tool call's name and arguments, and a Responses item's
 ``arguments`` and ``output``. Media, reasoning and ids are left out: they are
 not what a question about the conversation names.

@@ -34,6 +34,7 @@ from proxy.store.base import (
 )
 from proxy.store.chains import ChainCache
 from proxy.store.migrations import migrate
+from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.writer import SqliteWriter
 
 _T = TypeVar("_T")
@@ -310,7 +311,7 @@ class SqliteStore:
 
     async def summaries(self, session: SessionRef) -> list[StoredSummary]:
         rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))
-        return [sqlite_summaries.summary_from_row(row) for row in rows]
+        return [summary_from_row(row) for row in rows]
 
     async def summaries_for(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
@@ -321,23 +322,9 @@ class SqliteStore:
             return []
         marks = ", ".join("?" * len(ids))
         rows = await self._fetch(f"SELECT * FROM summaries WHERE id IN ({marks})", tuple(ids))
-        by_id = {row["id"]: sqlite_summaries.summary_from_row(row) for row in rows}
+        by_id = {row["id"]: summary_from_row(row) for row in rows}
         return [by_id[i] for i in ids]
 
 
-def _item(row: sqlite3.Row) -> StoredItem:
-    columns = dict(row)
-    message = orjson.loads(columns.pop("message_json"))
-    return StoredItem(**columns, message=message)
-
-
-def _request(row: sqlite3.Row) -> dict[str, Any]:
-    out = dict(row)
-    usage = out.pop("usage_json")
-    out["usage"] = None if usage is None else orjson.loads(usage)
-    out["detail"] = orjson.loads(out.pop("detail_json"))
-    out["dropped_indexes"] = orjson.loads(out["dropped_indexes"])
-    out["dropped_item_ids"] = orjson.loads(out["dropped_item_ids"])
-    out["stream"] = bool(out["stream"])
-    out["incomplete"] = bool(out["incomplete"])
-    return out
+_item = item_from_row
+_request = request_from_row

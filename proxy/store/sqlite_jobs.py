@@ -13,8 +13,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from proxy.store.base import (
     ExchangeResult,
     MessageIn,
@@ -22,16 +20,10 @@ from proxy.store.base import (
     ResponseIn,
     SessionRef,
     chain_path_hashes,
-    dropped_item_ids,
-    request_row,
 )
 from proxy.store.chains import Prefix
+from proxy.store.rows import dumps, encoded_request
 from proxy.store.sqlite_search import index_items
-
-
-def dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
 
 # Well under SQLite's bound-variable limit (999 on old builds).
 CHUNK = 500
@@ -190,22 +182,9 @@ def insert_request(
     item_ids: Sequence[int] = (),
     reply_id: int | None = None,
 ) -> None:
-    row = request_row(
-        request,
-        session_id=session_id,
-        tenant=session.tenant if session else request.tenant,
-        session_key=session.key if session else request.session_key,
-        dropped_item_ids=dropped_item_ids(request, item_ids),
-        first_item_id=item_ids[0] if item_ids else None,
-        last_item_id=item_ids[-1] if item_ids else None,
-        reply_item_id=reply_id,
-        created_at=created_at,
+    row = encoded_request(
+        request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
     )
-    usage, detail = row.pop("usage"), row.pop("detail")
-    row["usage_json"] = None if usage is None else dumps(usage)
-    row["detail_json"] = dumps(detail)
-    row["dropped_indexes"] = dumps(row["dropped_indexes"])
-    row["dropped_item_ids"] = dumps(row["dropped_item_ids"])
     try:
         # Positional parameters: binding 31 of them by name costs a third more.
         conn.execute(_insert_request_sql(tuple(row)), tuple(row.values()))

@@ -1,6 +1,6 @@
 """The SQLite recall index: FTS5 (``porter unicode61``) ranked by ``bm25()``.
 
-The table (``items_fts``, migration 4) holds each item's searchable text in
+The table (``items_fts``, migration 5) holds each item's searchable text in
 ``body``, a token naming its session in ``scope`` (``s<session id>``), and
 its chain position in ``pos``. A search is two queries on the read connection:
 

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.store.base import MessageIn, SessionRef, StoredSummary, SummaryIn, chain_path_hashes
+from proxy.store.rows import summary_from_row
 
 # (conn, session id, chain, path hashes, now) -> (item ids, positions inserted)
 StoreChain = Callable[
@@ -48,17 +49,6 @@ _SELECT_RANGE = (
 
 def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
-
-
-def summary_from_row(row: sqlite3.Row | dict[str, Any]) -> StoredSummary:
-    columns = dict(row)
-    usage = columns.pop("usage_json")
-    return StoredSummary(
-        **{k: v for k, v in columns.items() if not k.endswith("_json")},
-        facts=orjson.loads(columns["facts_json"]),
-        flagged=orjson.loads(columns["flagged_json"]),
-        usage=None if usage is None else orjson.loads(usage),
-    )
 
 
 def save_summary_job(

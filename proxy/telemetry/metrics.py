@@ -230,6 +230,21 @@ class Metrics:
         )
         for result in ("ok", "rejected"):
             self.reloads.inc((result,), 0)
+        self.upstream_prompt_tokens = Counter(
+            "ctxproxy_upstream_prompt_tokens_total",
+            "Prompt tokens the upstream reported (its usage), where it reported them.",
+            ("route", "policy"),
+        )
+        self.upstream_cached_tokens = Counter(
+            "ctxproxy_upstream_cached_tokens_total",
+            "Prompt tokens the upstream reported served from its prompt cache.",
+            ("route", "policy"),
+        )
+        self.upstream_cache_write_tokens = Counter(
+            "ctxproxy_upstream_cache_write_tokens_total",
+            "Prompt tokens the upstream reported written to its prompt cache (Anthropic).",
+            ("route", "policy"),
+        )
         for metric in (
             self.requests,
             self.request_seconds,
@@ -244,6 +259,9 @@ class Metrics:
             self.active_streams,
             self.sessions_expired,
             self.reloads,
+            self.upstream_prompt_tokens,
+            self.upstream_cached_tokens,
+            self.upstream_cache_write_tokens,
         ):
             r.add(metric)
         # Recall (proxy/context/recall.py): evicted turns brought back.
@@ -296,6 +314,24 @@ class Metrics:
             self.tokens_saved.inc(key, max(0, tokens_before - tokens_after))
         if fallback:
             self.fallbacks.inc((policy, fallback))
+
+    def observe_cache(
+        self,
+        *,
+        route: str,
+        policy: str,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        cache_write_tokens: int | None,
+    ) -> None:
+        """The upstream's own prompt-cache figures for one answer (see telemetry.cache_usage)."""
+        if prompt_tokens is None and cached_tokens is None:
+            return
+        key = (route or "none", policy or "none")
+        self.upstream_prompt_tokens.inc(key, prompt_tokens or 0)
+        self.upstream_cached_tokens.inc(key, cached_tokens or 0)
+        if cache_write_tokens is not None:
+            self.upstream_cache_write_tokens.inc(key, cache_write_tokens)
 
     def count_summary(self, outcome: SummaryOutcome) -> None:
         """For the summarizer: one summary made, reused or failed."""

@@ -46,9 +46,15 @@ def test_plain_completion_reaches_client_byte_for_byte(fake, start_proxy):
     assert raw.headers["x-request-id"].startswith("req_chatcmpl-")
 
 
-def test_request_bytes_reach_upstream_unchanged_with_passthrough(fake, start_proxy):
-    upstream, _ = fake
-    proxy = start_proxy()
+def test_request_bytes_reach_upstream_unchanged_with_passthrough(fake, start_proxy, tmp_path):
+    upstream, server = fake
+    # cache.prompt_cache_key off: no documented addition, the bytes are the client's.
+    extra = {
+        "upstreams": {
+            "default": {"base_url": f"{server.url}/v1", "cache": {"prompt_cache_key": "off"}}
+        }
+    }
+    proxy = start_proxy(extra=extra)
     sent: list[bytes] = []
 
     def capture(request: httpx.Request) -> None:
@@ -68,6 +74,27 @@ def test_request_bytes_reach_upstream_unchanged_with_passthrough(fake, start_pro
     assert body["future_field"] == {"nested": [1, 2, 3]}
     assert body["tools"] == [WEATHER_TOOL]
     assert body["response_format"] == {"type": "json_object"}
+
+
+def test_passthrough_bytes_gain_only_the_session_prompt_cache_key(fake, start_proxy):
+    upstream, _ = fake
+    proxy = start_proxy()
+    sent: list[bytes] = []
+
+    def capture(request: httpx.Request) -> None:
+        sent.append(request.read())
+
+    c = client(proxy, http_client=httpx.Client(event_hooks={"request": [capture]}))
+    c.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"future_field": {"nested": [1, 2, 3]}},
+    )
+    raw = upstream.received[-1].raw
+    key = upstream.received[-1].json["prompt_cache_key"]
+    assert key.startswith("ctxproxy-") and "s1" not in key
+    # Every byte the client sent, in order, then the one documented addition.
+    assert raw == sent[-1][:-1] + b',"prompt_cache_key":"' + key.encode() + b'"}'
 
 
 def test_client_key_is_forwarded_and_session_header_is_not(fake, start_proxy):
@@ -251,4 +278,7 @@ def test_unusual_json_formatting_reaches_upstream_as_sent(fake, start_proxy):
         headers={"content-type": "application/json", "x-session-id": "fmt"},
     )
     assert response.status_code == 200
-    assert upstream.received[-1].raw == raw
+    # The one documented addition (the session's prompt_cache_key) aside, byte for byte.
+    key = upstream.received[-1].json["prompt_cache_key"]
+    added = b',"prompt_cache_key":"' + key.encode() + b'"'
+    assert upstream.received[-1].raw == raw[:-1] + added + raw[-1:]

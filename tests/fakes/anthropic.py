@@ -14,6 +14,7 @@ tool call, an error status, a delay, or a stream that never ends.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import socket
@@ -24,6 +25,8 @@ from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.prefix_cache import AnthropicPrefixCache, Block
 
 MESSAGES_PATH = "/v1/messages"
 
@@ -93,7 +96,12 @@ class FakeAnthropic:
     requests: list[RecordedRequest] = field(default_factory=list)
     # Set when a stream noticed its client had gone.
     stream_aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    # A simulated Anthropic prompt cache: usage then reports cache_read_input_tokens
+    # and cache_creation_input_tokens, and input_tokens is what neither covers.
+    prefix_cache: AnthropicPrefixCache | None = None
     _replies: deque[Reply] = field(default_factory=deque)
+    # The cache's answer to the request being served.
+    _cache_usage: dict[str, int] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
     _port: int = 0
 
@@ -147,6 +155,15 @@ class FakeAnthropic:
             )
         )
         reply = self._replies.popleft() if self._replies else Reply()
+        self._cache_usage = {}
+        if self.prefix_cache is not None:
+            blocks, marks = anthropic_blocks(body)
+            result = self.prefix_cache.request(blocks, marks)
+            self._cache_usage = {
+                "input_tokens": result.uncached_tokens,
+                "cache_read_input_tokens": result.cached_tokens,
+                "cache_creation_input_tokens": result.written_tokens,
+            }
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.status != 200:
@@ -183,7 +200,11 @@ class FakeAnthropic:
             "content": self._content(reply),
             "stop_reason": self._stop_reason(reply),
             "stop_sequence": None,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+            "usage": {
+                "input_tokens": reply.input_tokens,
+                "output_tokens": reply.output_tokens,
+                **self._cache_usage,
+            },
         }
 
     async def _stream(self, request: web.Request, reply: Reply) -> web.StreamResponse:
@@ -208,7 +229,11 @@ class FakeAnthropic:
 
     async def _events(self, send: _Send, reply: Reply) -> None:
         start = self._message(reply) | {"content": [], "stop_reason": None}
-        start["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+        start["usage"] = {
+            "input_tokens": reply.input_tokens,
+            "output_tokens": 1,
+            **self._cache_usage,
+        }
         await send("message_start", {"type": "message_start", "message": start})
         await send("ping", {"type": "ping"})
         index = 0
@@ -262,6 +287,39 @@ def _block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
 
 def _block_delta(index: int, kind: str, **fields: str) -> dict[str, Any]:
     return {"type": "content_block_delta", "index": index, "delta": {"type": kind, **fields}}
+
+
+def anthropic_blocks(body: dict[str, Any]) -> tuple[list[Block], list[int]]:
+    """An Anthropic Messages body as prompt-cache blocks (tools, system, each content
+    block in order) and the indexes of the blocks that carry ``cache_control``."""
+    from proxy.context.tokens import load_encoding
+
+    encoding = load_encoding("o200k_base")
+    blocks: list[Block] = []
+    marks: list[int] = []
+
+    def add(block: Any) -> None:
+        plain = {k: v for k, v in block.items() if k != "cache_control"}
+        if block.get("cache_control"):
+            marks.append(len(blocks))
+        text = json.dumps(plain, sort_keys=True)
+        digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+        blocks.append((digest, max(1, len(encoding.encode_ordinary(text)))))
+
+    for tool in body.get("tools") or []:
+        add(tool)
+    system = body.get("system")
+    if isinstance(system, str):
+        add({"type": "text", "text": system})
+    for block in system if isinstance(system, list) else []:
+        add(block)
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        for block in content or []:
+            add({**block, "role": message.get("role")})
+    return blocks, marks
 
 
 def closed_port() -> int:

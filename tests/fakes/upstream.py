@@ -9,6 +9,7 @@ the client got back.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from tests.fakes.prefix_cache import Block, OpenAIPrefixCache
 
 
 @dataclass
@@ -59,6 +62,9 @@ class FakeUpstream:
     # when it is empty with a numbered summary that quotes nothing.
     summary_replies: list[Reply] = field(default_factory=list)
     summaries_made: int = 0
+    # A simulated OpenAI prompt cache: usage then reports
+    # prompt_tokens_details.cached_tokens (None: usage without details, as before).
+    prefix_cache: OpenAIPrefixCache | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -154,11 +160,17 @@ class FakeUpstream:
         cid = f"chatcmpl-{next(self.ids)}"
         model = data.get("model", "gpt-4o")
         prompt_tokens = reply.prompt_tokens or self._prompt_tokens(data)
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": 5,
             "total_tokens": prompt_tokens + 5,
         }
+        if self.prefix_cache is not None:
+            key = data.get("prompt_cache_key")
+            result = self.prefix_cache.request(
+                prompt_blocks(data), key if isinstance(key, str) else ""
+            )
+            usage["prompt_tokens_details"] = {"cached_tokens": result.cached_tokens}
         if data.get("stream"):
             return await self._stream(request, reply, cid, model, usage, data)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
@@ -259,6 +271,25 @@ class FakeUpstream:
         self.last_response = b"".join(sent)
         await resp.write_eof()
         return resp
+
+
+def prompt_blocks(data: dict[str, Any]) -> list[Block]:
+    """A chat body as prompt-cache blocks: what precedes the messages, then each message."""
+    from proxy.context.tokens import counter_for
+
+    counter = counter_for(str(data.get("model") or "gpt-4o"))
+    messages = [m for m in data.get("messages") or [] if isinstance(m, dict)]
+    head = orjson.dumps([data.get("tools"), data.get("functions")], option=orjson.OPT_SORT_KEYS)
+    blocks: list[Block] = [(_digest(head), counter.count_request_fixed(data))]
+    for m in messages:
+        blocks.append(
+            (_digest(orjson.dumps(m, option=orjson.OPT_SORT_KEYS)), counter.count_message(m))
+        )
+    return blocks
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 def is_summarizer_call(rec: Received) -> bool:

@@ -1,0 +1,22 @@
+"""Which coordinator a config names: in-process by default, Redis with a ``redis_url``."""
+
+from __future__ import annotations
+
+from proxy.config.model import CoordinationConfig
+from proxy.context.calibration import Calibration
+from proxy.coordination.base import Coordinator
+from proxy.coordination.local import LocalCoordinator
+
+
+def build_coordinator(config: CoordinationConfig, calibration: Calibration) -> Coordinator:
+    if config.redis_url is None:
+        return LocalCoordinator()
+    from proxy.coordination.redis import RedisCoordinator
+
+    return RedisCoordinator(
+        config.redis_url,
+        prefix=config.key_prefix,
+        lease_s=config.lock_lease_s,
+        wait_s=config.lock_wait_s,
+        calibration=calibration,
+    )

@@ -1,0 +1,308 @@
+"""The PostgreSQL store's writes: each a coroutine over one connection inside one transaction.
+
+:class:`~proxy.store.postgres.PostgresStore` opens the transaction and hands
+the connection in; everything an exchange writes (session, items, request
+row) commits or rolls back together.
+
+Concurrency across instances: the session's row is written first
+(``INSERT .. ON CONFLICT DO UPDATE``), which takes its row lock, so writes to
+one session are serialized by PostgreSQL until commit whatever instance makes
+them; items are ``ON CONFLICT DO NOTHING`` on ``(session_id, path_hash)``, so
+two writers of one history store each message once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from proxy.store.base import (
+    ExchangeResult,
+    MessageIn,
+    RequestRecord,
+    ResponseIn,
+    SessionRef,
+    StoredSummary,
+    SummaryIn,
+    chain_path_hashes,
+)
+from proxy.store.chains import Prefix
+from proxy.store.rows import dumps, encoded_request, summary_from_row
+
+Conn = Any  # asyncpg.Connection (or a pool's proxy of one); asyncpg ships no types
+
+_TOUCH_SESSION = """
+    UPDATE sessions SET updated_at = $3, version = version + 1
+    WHERE tenant = $1 AND key = $2 RETURNING id, head_item_id
+"""
+
+_UPSERT_SESSION = """
+    INSERT INTO sessions (tenant, key, created_at, updated_at, version) VALUES ($1, $2, $3, $3, 1)
+    ON CONFLICT (tenant, key) DO UPDATE
+        SET updated_at = EXCLUDED.updated_at, version = sessions.version + 1
+    RETURNING id, head_item_id
+"""
+
+_INSERT_ITEM = """
+    INSERT INTO items (session_id, parent_id, path_hash, content_hash, role,
+        token_count, status, message_json, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT (session_id, path_hash) DO NOTHING
+    RETURNING id
+"""
+
+_SELECT_IDS = (
+    "SELECT path_hash, id FROM items WHERE session_id = $1 AND path_hash = ANY($2::text[])"
+)
+
+_UPSERT_RESPONSE = """
+    INSERT INTO responses (id, tenant, session_id, head_item_id, input_head_item_id,
+        previous_response_id, model, status, response_json, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    ON CONFLICT (tenant, id) DO UPDATE SET
+        session_id = EXCLUDED.session_id, head_item_id = EXCLUDED.head_item_id,
+        input_head_item_id = EXCLUDED.input_head_item_id,
+        previous_response_id = EXCLUDED.previous_response_id, model = EXCLUDED.model,
+        status = EXCLUDED.status, response_json = EXCLUDED.response_json,
+        created_at = EXCLUDED.created_at
+"""
+
+REQUEST_COLUMNS = (
+    "id, session_id, tenant, session_key, endpoint, route, policy, mode, model, stream,"
+    " status, upstream_status, messages_before, messages_after, tokens_before, tokens_after,"
+    " turns_dropped, messages_dropped, dropped_indexes, dropped_item_ids, reason, error,"
+    " incomplete, upstream_ms, total_ms, usage_json, detail_json, first_item_id,"
+    " last_item_id, reply_item_id, created_at,"
+    " upstream_prompt_tokens, cached_tokens, cache_write_tokens, stable_prefix"
+)
+_REQUEST_NAMES = tuple(name.strip() for name in REQUEST_COLUMNS.split(","))
+_INSERT_REQUEST = (
+    f"INSERT INTO requests ({REQUEST_COLUMNS}) VALUES ("
+    + ", ".join(f"${i}" for i in range(1, len(_REQUEST_NAMES) + 1))
+    + ")"
+)
+
+_INSERT_SUMMARY = """
+    INSERT INTO summaries (session_id, covers_item_id, covers_path_hash, start_unit,
+        previous_summary_id, text, facts_json, flagged_json, model, prompt_hash, usage_json,
+        created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+    ON CONFLICT (session_id, covers_path_hash, start_unit) DO NOTHING
+"""
+
+
+class FencedOut(RuntimeError):
+    """A write under a session lock that was lost: a newer holder has written since."""
+
+
+_FENCE = "UPDATE sessions SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING id"
+
+
+async def record(
+    conn: Conn,
+    session: SessionRef | None,
+    conversation: Sequence[MessageIn],
+    reply: MessageIn | None,
+    request: RequestRecord,
+    prefix: Prefix | None,
+) -> ExchangeResult | None:
+    now = time.time()
+    created_at = request.created_at or now
+    if session is None or prefix is None:
+        session_id = None
+        if session is not None:
+            session_id = await conn.fetchval(
+                "SELECT id FROM sessions WHERE tenant = $1 AND key = $2",
+                session.tenant,
+                session.key,
+            )
+        await insert_request(conn, request, session_id, created_at, session=session)
+        return None if session_id is None else ExchangeResult(session_id, [], None, 0)
+
+    chain = [*conversation, *([reply] if reply is not None else [])]
+    row = await conn.fetchrow(_TOUCH_SESSION, session.tenant, session.key, now)
+    if row is None:
+        row = await conn.fetchrow(_UPSERT_SESSION, session.tenant, session.key, now)
+    session_id, head = row[0], row[1]
+    fence = request.detail.get("fence")
+    if isinstance(fence, int) and await conn.fetchval(_FENCE, session_id, fence) is None:
+        raise FencedOut(
+            f"session lock lost: fencing token {fence} is older than the session's;"
+            " the exchange is not stored"
+        )
+    known = prefix.known_ids if session_id == prefix.session_id else ()
+    ids, missing = await store_chain(
+        conn, session_id, chain, prefix.path_hashes, now, known_ids=known
+    )
+    if ids[-1] != head:
+        await conn.execute(
+            "UPDATE sessions SET head_item_id = $1 WHERE id = $2", ids[-1], session_id
+        )
+    item_ids = ids[: len(conversation)]
+    reply_id = ids[-1] if reply is not None else None
+    await insert_request(
+        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    new_messages = sum(1 for i in missing if i < len(conversation))
+    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+
+
+async def store_chain(
+    conn: Conn,
+    session_id: int,
+    chain: Sequence[MessageIn],
+    hashes: Sequence[str],
+    now: float,
+    *,
+    known_ids: Sequence[int] = (),
+) -> tuple[list[int], list[int]]:
+    """Item ids for the whole chain, inserting what is missing; and the positions inserted.
+
+    ``known_ids``: ids of the chain's first items, known to be stored in this session.
+    """
+    shared = len(known_ids)
+    rest = list(hashes[shared:])
+    found: dict[str, int] = {}
+    if rest:
+        # One lookup for the rest of the chain: a resent history is mostly known.
+        found = {r[0]: r[1] for r in await conn.fetch(_SELECT_IDS, session_id, rest)}
+    ids = list(known_ids)
+    inserted: list[int] = []
+    for i in range(shared, len(hashes)):
+        item_id = found.get(hashes[i])
+        if item_id is None:
+            m = chain[i]
+            item_id = await conn.fetchval(
+                _INSERT_ITEM,
+                session_id,
+                ids[-1] if ids else None,
+                hashes[i],
+                m.content_hash,
+                m.role,
+                m.token_count,
+                m.status,
+                dumps(m.message),
+                now,
+            )
+            if item_id is None:
+                # Another instance stored it between the lookup and now (it committed).
+                item_id = await conn.fetchval(
+                    "SELECT id FROM items WHERE session_id = $1 AND path_hash = $2",
+                    session_id,
+                    hashes[i],
+                )
+            else:
+                inserted.append(i)
+        ids.append(item_id)
+    return ids, inserted
+
+
+async def insert_request(
+    conn: Conn,
+    request: RequestRecord,
+    session_id: int | None,
+    created_at: float,
+    *,
+    session: SessionRef | None = None,
+    item_ids: Sequence[int] = (),
+    reply_id: int | None = None,
+) -> None:
+    row = encoded_request(
+        request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    values = [row[name] for name in _REQUEST_NAMES]
+    try:
+        await conn.execute(_INSERT_REQUEST, *values)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == "requests_pkey":
+            raise ValueError(f"request id already stored: {request.id!r}") from exc
+        raise
+
+
+async def record_response(
+    conn: Conn,
+    session: SessionRef,
+    conversation: Sequence[MessageIn],
+    output: Sequence[MessageIn],
+    response: ResponseIn,
+    request: RequestRecord,
+) -> ExchangeResult:
+    now = time.time()
+    created_at = request.created_at or now
+    chain = [*conversation, *output]
+    session_id = (await conn.fetchrow(_UPSERT_SESSION, session.tenant, session.key, now))[0]
+    ids: list[int] = []
+    missing: list[int] = []
+    if chain:
+        hashes = chain_path_hashes([m.content_hash for m in chain])
+        ids, missing = await store_chain(conn, session_id, chain, hashes, now)
+        await conn.execute(
+            "UPDATE sessions SET head_item_id = $1 WHERE id = $2", ids[-1], session_id
+        )
+    item_ids = ids[: len(conversation)]
+    reply_id = ids[-1] if output else None
+    await conn.execute(
+        _UPSERT_RESPONSE,
+        response.id,
+        session.tenant,
+        session_id,
+        ids[-1] if ids else None,
+        item_ids[-1] if item_ids else None,
+        response.previous_response_id,
+        response.model,
+        response.status,
+        dumps(response.response),
+        created_at,
+    )
+    await insert_request(
+        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+    )
+    new_messages = sum(1 for i in missing if i < len(conversation))
+    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+
+
+async def save_summary(
+    conn: Conn, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+) -> StoredSummary:
+    if not covered:
+        raise ValueError("a summary must cover at least one item")
+    now = time.time()
+    # Created if new, but not "active": head and updated_at stay; the version moves
+    # (a cached view of the session must learn of the summary).
+    session_id = await conn.fetchval(
+        "INSERT INTO sessions (tenant, key, created_at, updated_at, version)"
+        " VALUES ($1, $2, $3, $3, 1)"
+        " ON CONFLICT (tenant, key) DO UPDATE SET version = sessions.version + 1 RETURNING id",
+        session.tenant,
+        session.key,
+        now,
+    )
+    hashes = chain_path_hashes([m.content_hash for m in covered])
+    ids, _ = await store_chain(conn, session_id, covered, hashes, now)
+    await conn.execute(
+        _INSERT_SUMMARY,
+        session_id,
+        ids[-1],
+        hashes[-1],
+        summary.start_unit,
+        summary.previous_summary_id,
+        summary.text,
+        dumps(list(summary.facts)),
+        dumps(list(summary.flagged)),
+        summary.model,
+        summary.prompt_hash,
+        None if summary.usage is None else dumps(summary.usage),
+        now,
+    )
+    # The row for this range: the one just inserted, or the one that was there first.
+    row = await conn.fetchrow(
+        "SELECT * FROM summaries WHERE session_id = $1 AND covers_path_hash = $2"
+        " AND start_unit = $3",
+        session_id,
+        hashes[-1],
+        summary.start_unit,
+    )
+    return summary_from_row(row)

@@ -1,0 +1,380 @@
+"""The Redis store: the Store protocol on Redis alone, for teams that run nothing else.
+
+Sessions, the item tree, request rows, responses and summaries live in Redis
+hashes, lists and sorted sets (layout: proxy/store/redis_scripts.py). Every
+write is one Lua script, so an exchange is stored whole or not at all, and
+instances sharing the server see each other's writes at once. With a TTL
+(``session.ttl``) every key of a session expires natively a grace period
+after its last activity: the proxy's own sweep (``delete_idle_sessions``)
+deletes idle sessions first, and Redis expires whatever no sweep reached
+(no instance running), leaving only index entries that reads skip and drop.
+
+Like the SQLite store, a per-instance cache of each session's last stored
+chain (proxy/store/chains.py) means a resent history is neither hashed nor
+sent again: only the items after the known prefix cross the network. The
+script checks that the cached session id is still the session's (another
+instance may have deleted it and a new one taken its name) and the write is
+retried in full when not.
+
+Needs Redis 7.0 or newer (script flags). Not for Redis Cluster: a session's
+keys are named by ids the scripts allocate, so they cannot be declared up front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from proxy.store import redis_codec as codec
+from proxy.store import redis_queries as queries
+from proxy.store import redis_scripts as scripts
+from proxy.store.base import (
+    ExchangeResult,
+    MessageIn,
+    RequestRecord,
+    ResponseIn,
+    SessionInfo,
+    SessionRef,
+    StoredItem,
+    StoredResponse,
+    StoredSummary,
+    SummaryIn,
+)
+from proxy.store.chains import ChainCache
+from proxy.telemetry.logging import get_logger
+
+log = get_logger()
+
+# Sessions deleted per script call by the sweep, so no call blocks Redis for long.
+_SWEEP_BATCH = 200
+MIN_REDIS = (7, 0)
+
+
+class RedisStoreError(RuntimeError):
+    """The Redis server cannot serve as a store (unreachable, too old)."""
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "ctxproxy:",
+        ttl_s: float | None = None,
+        expire_grace_s: float | None = None,
+        max_connections: int = 64,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        # Past the TTL, the sweep (every tenth of it, at most 5 minutes) gets
+        # the first go; native expiry is the backstop.
+        if expire_grace_s is None and ttl_s is not None:
+            expire_grace_s = min(300.0, ttl_s / 10) + 60.0
+        self.expire_grace_s = expire_grace_s or 0.0
+        self.max_connections = max_connections
+        self.timeout_s = timeout_s
+        self._chains = ChainCache()
+        self._client: Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+
+    @property
+    def _ttl_ms(self) -> str:
+        if self.ttl_s is None:
+            return "0"
+        return str(max(1, round((self.ttl_s + self.expire_grace_s) * 1000)))
+
+    async def open(self) -> None:
+        client = Redis.from_url(
+            self.url,
+            max_connections=self.max_connections,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+        )
+        try:
+            info = await client.info()
+        except (RedisError, OSError) as exc:
+            await client.aclose()
+            raise RedisStoreError(
+                f"store: cannot reach Redis at {codec.safe_url(self.url)}: {exc}"
+            ) from exc
+        version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2])
+        if version < MIN_REDIS:
+            await client.aclose()
+            raise RedisStoreError(
+                f"store: Redis at {codec.safe_url(self.url)} is {info.get('redis_version')};"
+                " the Redis store needs 7.0 or newer"
+            )
+        policy = info.get("maxmemory_policy", "noeviction")
+        if policy != "noeviction":
+            # An evicted key is part of a session gone: history, counts and rows disagree.
+            log.warning("redis_store_evicts_keys", maxmemory_policy=policy, wanted="noeviction")
+        sources = {name: getattr(scripts, name) for name in _WRITE_SCRIPTS}
+        sources |= {name: getattr(queries, name) for name in _READ_SCRIPTS}
+        self._scripts = {name: client.register_script(src) for name, src in sources.items()}
+        self._client = client
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def _run(self, name: str, *args: str | bytes | int) -> Any:
+        if self._client is None:
+            raise RuntimeError("RedisStore is not open")
+        return await self._scripts[name](args=[self.prefix, *args])
+
+    # -- exchanges ----------------------------------------------------------------
+
+    def record_exchange_soon(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> asyncio.Future[ExchangeResult | None]:
+        return asyncio.ensure_future(self.record_exchange(session, conversation, reply, request))
+
+    async def record_exchange(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+    ) -> ExchangeResult | None:
+        """Store one exchange atomically (one script; see ``Store.record_exchange``).
+
+        A failed call (empty conversation, no reply) leaves the session as it
+        was, head, ``updated_at`` and TTL included.
+        """
+        now = time.time()
+        created_at = request.created_at or now
+        conversation = list(conversation)
+        chain = [*conversation, *([reply] if reply is not None else [])]
+        if session is None or not chain:
+            tenant = session.tenant if session else request.tenant
+            key = session.key if session else request.session_key
+            head = codec.row_head(request, tenant, key, created_at)
+            # Without a session the row is still filed under the name it gave, if any.
+            mode = "fail" if session else "named" if key is not None else "row"
+            out = await self._run(
+                "RECORD", mode, tenant, key or "", repr(now), self._ttl_ms, request.id, head,
+                *_NO_CHAIN,
+            )  # fmt: skip
+            codec.check(out, request)
+            if session is None or not out[1]:
+                return None
+            return ExchangeResult(int(out[1]), [], None, 0)
+        head = codec.row_head(request, session.tenant, session.key, created_at)
+        sid, ids, new = await self._write_chain(
+            "chain", session, chain, len(conversation), request, head, now
+        )
+        item_ids = ids[: len(conversation)]
+        return ExchangeResult(sid, item_ids, ids[-1] if reply is not None else None, new)
+
+    async def _write_chain(
+        self,
+        mode: str,
+        session: SessionRef,
+        chain: Sequence[MessageIn],
+        conv: int,
+        request: RequestRecord,
+        row_head: bytes,
+        now: float,
+        response: tuple[str, bytes] = ("", b""),
+    ) -> tuple[int, list[int], int]:
+        """Store ``chain`` (its first ``conv`` items the conversation) and the row."""
+        content = [m.content_hash for m in chain]
+        prefix = self._chains.prefix(session, content)
+        known: Sequence[int] = prefix.known_ids if prefix.session_id is not None else ()
+        while True:
+            spec = codec.Specs(known)
+            replied = len(chain) > conv
+            dropped = ",".join(spec(i) for i in request.dropped_indexes if 0 <= i < conv)
+            out = await self._run(
+                "RECORD", mode, session.tenant, session.key, repr(now), self._ttl_ms, request.id,
+                row_head, str(prefix.session_id or ""), spec.parent, len(known), conv,
+                spec(0) if conv else "n", spec(conv - 1) if conv else "n",
+                spec(len(chain) - 1) if replied else "n", dropped,
+                spec(len(chain) - 1) if chain else "n", response[0], response[1],
+                spec(conv - 1) if conv else "n",
+                *codec.triples(chain, prefix.path_hashes, len(known), now),
+            )  # fmt: skip
+            if out[0] == b"stale":  # the cached session is gone: send everything
+                self._chains.forget(session)
+                known = ()
+                continue
+            codec.check(out, request)
+            sid = int(out[1])
+            ids = [*known, *(int(i) for i in out[3:])]
+            if ids:
+                self._chains.committed(session, sid, content, prefix.path_hashes, ids)
+            return sid, ids, int(out[2])
+
+    async def history(self, session: SessionRef) -> list[StoredItem]:
+        return codec.items(await self._run("HISTORY", session.tenant, session.key))
+
+    async def get_session(self, session: SessionRef) -> SessionInfo | None:
+        out = await self._run("GET_SESSION", session.tenant, session.key)
+        return codec.infos(out)[0] if out else None
+
+    async def list_sessions(
+        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[SessionInfo]:
+        if limit <= 0:
+            return []
+        return codec.infos(await self._run("LIST_SESSIONS", tenant or "", max(0, offset), limit))
+
+    async def requests(self, session: SessionRef) -> list[dict[str, Any]]:
+        """Every request that named the session, those made before it existed included."""
+        rows = [
+            codec.row(data) for data in await self._run("REQUESTS", session.tenant, session.key)
+        ]
+        rows.sort(key=lambda r: r["created_at"])  # stable: the order written breaks ties
+        return rows
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        data = await self._run("REQUEST", request_id)
+        return None if data is None else codec.row(data)
+
+    async def delete_session(self, session: SessionRef) -> bool:
+        """Delete the session, its items, summaries, responses and every request that named it."""
+        self._chains.forget(session)
+        return bool(await self._run("DELETE_SESSION", session.tenant, session.key))
+
+    async def delete_idle_sessions(self, older_than: float) -> int:
+        deleted = 0
+        while True:
+            seen, gone = await self._run("DELETE_IDLE", repr(older_than), _SWEEP_BATCH)
+            deleted += int(gone)
+            if int(seen) < _SWEEP_BATCH:
+                return deleted
+
+    # -- Responses API ----------------------------------------------------------
+
+    async def record_response(
+        self,
+        session: SessionRef,
+        conversation: Sequence[MessageIn],
+        output: Sequence[MessageIn],
+        response: ResponseIn,
+        request: RequestRecord,
+    ) -> ExchangeResult:
+        """Store one response atomically (one script; see ``Store.record_response``)."""
+        now = time.time()
+        created_at = request.created_at or now
+        chain = [*conversation, *output]
+        row = {
+            "id": response.id,
+            "tenant": session.tenant,
+            "session_key": session.key,
+            "previous_response_id": response.previous_response_id,
+            "model": response.model,
+            "status": response.status,
+            "response": response.response,
+            "created_at": created_at,
+        }
+        head = codec.row_head(request, session.tenant, session.key, created_at)
+        sid, ids, new = await self._write_chain(
+            "response", session, chain, len(conversation), request, head, now,
+            (response.id, orjson.dumps(row)[:-1]),
+        )  # fmt: skip
+        item_ids = ids[: len(conversation)]
+        return ExchangeResult(sid, item_ids, ids[-1] if output else None, new)
+
+    async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
+        data = await self._run("GET_RESPONSE", tenant, response_id)
+        return None if data is None else StoredResponse(**orjson.loads(data))
+
+    async def response_exists(self, response_id: str) -> bool:
+        return bool(await self._run("RESPONSE_EXISTS", "", response_id))
+
+    async def response_chain(self, tenant: str, response_id: str) -> list[StoredItem]:
+        return codec.items(await self._run("RESPONSE_CHAIN", tenant, response_id, 1))
+
+    async def response_input_items(self, tenant: str, response_id: str) -> list[StoredItem]:
+        return codec.items(await self._run("RESPONSE_CHAIN", tenant, response_id, 2))
+
+    async def delete_response(self, tenant: str, response_id: str) -> bool:
+        return bool(await self._run("DELETE_RESPONSE", tenant, response_id))
+
+    # -- summaries ----------------------------------------------------------------
+
+    async def save_summary(
+        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+    ) -> StoredSummary:
+        """Store a summary and the items it covers atomically (see ``Store.save_summary``)."""
+        if not covered:
+            raise ValueError("a summary must cover at least one item")
+        now = time.time()
+        content = [m.content_hash for m in covered]
+        prefix = self._chains.prefix(session, content)
+        known: Sequence[int] = prefix.known_ids if prefix.session_id is not None else ()
+        fields = {
+            "covers_path_hash": prefix.path_hashes[-1],
+            "start_unit": summary.start_unit,
+            "previous_summary_id": summary.previous_summary_id,
+            "text": summary.text,
+            "facts": [dict(f) for f in summary.facts],
+            "flagged": list(summary.flagged),
+            "model": summary.model,
+            "prompt_hash": summary.prompt_hash,
+            "usage": summary.usage,
+            "created_at": now,
+        }
+        tail = orjson.dumps(fields)[1:]
+        span = f"{prefix.path_hashes[-1]}:{summary.start_unit}"
+        while True:
+            spec = codec.Specs(known)
+            out = await self._run(
+                "SAVE_SUMMARY", session.tenant, session.key, repr(now), self._ttl_ms,
+                str(prefix.session_id or ""), spec.parent, len(known), span, tail,
+                spec(len(covered) - 1),
+                *codec.triples(covered, prefix.path_hashes, len(known), now),
+            )  # fmt: skip
+            if out[0] == b"stale":
+                self._chains.forget(session)
+                known = ()
+                continue
+            return StoredSummary(**orjson.loads(out[1]))
+
+    async def summaries(self, session: SessionRef) -> list[StoredSummary]:
+        found = [
+            StoredSummary(**orjson.loads(data))
+            for data in await self._run("SUMMARIES", session.tenant, session.key)
+        ]
+        found.sort(key=lambda s: s.id)
+        return found
+
+    async def summaries_for(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary]:
+        position = {h: i for i, h in enumerate(path_hashes)}
+        found = [s for s in await self.summaries(session) if s.covers_path_hash in position]
+        found.sort(key=lambda s: (position[s.covers_path_hash], s.id), reverse=True)
+        return found[:limit]
+
+
+_WRITE_SCRIPTS = ("RECORD", "SAVE_SUMMARY", "DELETE_SESSION", "DELETE_IDLE")
+_READ_SCRIPTS = (
+    "HISTORY",
+    "GET_SESSION",
+    "LIST_SESSIONS",
+    "REQUESTS",
+    "REQUEST",
+    "GET_RESPONSE",
+    "RESPONSE_CHAIN",
+    "RESPONSE_EXISTS",
+    "DELETE_RESPONSE",
+    "SUMMARIES",
+)
+# RECORD's arguments 9-21 for a write without items.
+_NO_CHAIN = ("", "", 0, 0, "n", "n", "n", "", "n", "", "", "n", 0)

@@ -1,0 +1,173 @@
+"""The Redis store's reads, each one Lua script (one round trip, one consistent view).
+
+Key layout: proxy/store/redis_scripts.py. Reads that follow a global index
+(request id, response id, the updated-time sets) drop an entry whose session
+has expired natively, so a stale entry is never served and does not linger.
+Pure reads are declared ``no-writes`` (they run on an out-of-memory server);
+those that may drop a stale entry ``allow-oom`` (a deletion only frees memory).
+"""
+
+from __future__ import annotations
+
+from proxy.store.redis_scripts import PRELUDE
+
+_READ = "#!lua flags=no-writes\n" + PRELUDE
+_CLEAN = "#!lua flags=allow-oom\n" + PRELUDE
+
+# ARGV: 1 prefix, 2 tenant, 3 key. Returns {session id, id, json, ...} or {}.
+HISTORY = (
+    _READ
+    + r"""
+local sid = live_sid(nm(ARGV[2], ARGV[3]))
+if not sid then return {} end
+return walk(sid, redis.call('HGET', P .. 's:' .. sid, 'h'), {sid})
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 key. Returns session_info's fields or {}.
+GET_SESSION = (
+    _READ
+    + r"""
+local sid = live_sid(nm(ARGV[2], ARGV[3]))
+if not sid then return {} end
+return session_info(sid) or {}
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant ('' for all), 3 offset, 4 limit. Returns the
+# sessions' fields one after another, newest activity first (id breaks ties).
+LIST_SESSIONS = (
+    _CLEAN
+    + r"""
+local zkey = P .. 'upd'
+if ARGV[2] ~= '' then zkey = P .. 'upd:' .. ARGV[2] end
+local offset, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+while true do
+  -- Entries of expired sessions before the page would shift it: drop them first.
+  local members = redis.call('ZREVRANGE', zkey, 0, offset + limit - 1)
+  local out, stale = {}, {}
+  for i, m in ipairs(members) do
+    local info = session_info(member_sid(m))
+    if not info then stale[#stale + 1] = m
+    elseif i > offset then
+      for _, v in ipairs(info) do out[#out + 1] = v end
+    end
+  end
+  if #stale == 0 then return out end
+  redis.call('ZREM', zkey, unpack(stale))
+end
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 key. Returns the name's request rows, in the order written.
+REQUESTS = (
+    _READ
+    + r"""
+local name = nm(ARGV[2], ARGV[3])
+local ids = redis.call('LRANGE', P .. 'l:' .. name, 0, -1)
+local out = {}
+for i = 1, #ids, 500 do
+  local rows = redis.call('HMGET', P .. 'q:' .. name, unpack(ids, i, math.min(i + 499, #ids)))
+  for _, row in ipairs(rows) do if row then out[#out + 1] = row end end
+end
+return out
+"""
+)
+
+# ARGV: 1 prefix, 2 request id. Returns the row or nil.
+REQUEST = (
+    _CLEAN
+    + r"""
+local rid = ARGV[2]
+local row = redis.call('GET', P .. 'r:' .. rid)
+if row then return row end
+local name = redis.call('HGET', P .. 'rid', rid)
+if not name then return false end
+row = redis.call('HGET', P .. 'q:' .. name, rid)
+if not row then redis.call('HDEL', P .. 'rid', rid) end
+return row
+"""
+)
+
+_RESPONSE = r"""
+local tenant, resp = ARGV[2], ARGV[3]
+local field = #tenant .. ':' .. tenant .. ':' .. resp
+local function owner()
+  local sid = redis.call('HGET', P .. 'resp', field)
+  if sid and redis.call('HEXISTS', P .. 'o:' .. sid, resp) == 1 then return sid end
+  if sid then
+    redis.call('HDEL', P .. 'resp', field)
+    redis.call('SREM', P .. 'rt:' .. resp, tenant)
+  end
+  return false
+end
+"""
+
+# ARGV: 1 prefix, 2 tenant, 3 response id. Returns the response row or nil.
+GET_RESPONSE = (
+    _CLEAN
+    + _RESPONSE
+    + r"""
+local sid = owner()
+if not sid then return false end
+return redis.call('HGET', P .. 'o:' .. sid, resp)
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 response id, 4 which end (1 head, 2 input head).
+# Returns {session id, id, json, ...} root first, or {}.
+RESPONSE_CHAIN = (
+    _CLEAN
+    + _RESPONSE
+    + r"""
+local sid = owner()
+if not sid then return {} end
+local ends = redis.call('HGET', P .. 'e:' .. sid, resp)
+if not ends then return {} end
+local head = string.match(ends, '^([^:]*)')
+if ARGV[4] == '2' then head = string.match(ends, ':(.*)$') end
+return walk(sid, head, {sid})
+"""
+)
+
+# ARGV: 1 prefix, 2 '', 3 response id. Returns 1 if any tenant has it.
+RESPONSE_EXISTS = (
+    _CLEAN
+    + r"""
+local resp = ARGV[3]
+for _, tenant in ipairs(redis.call('SMEMBERS', P .. 'rt:' .. resp)) do
+  local field = #tenant .. ':' .. tenant .. ':' .. resp
+  local sid = redis.call('HGET', P .. 'resp', field)
+  if sid and redis.call('HEXISTS', P .. 'o:' .. sid, resp) == 1 then return 1 end
+  redis.call('HDEL', P .. 'resp', field)
+  redis.call('SREM', P .. 'rt:' .. resp, tenant)
+end
+return 0
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 response id. Returns 1 if it was there. Its items stay.
+DELETE_RESPONSE = (
+    "#!lua\n"
+    + PRELUDE
+    + _RESPONSE
+    + r"""
+local sid = owner()
+if not sid then return 0 end
+redis.call('HDEL', P .. 'o:' .. sid, resp)
+redis.call('HDEL', P .. 'e:' .. sid, resp)
+redis.call('HDEL', P .. 'resp', field)
+redis.call('SREM', P .. 'rt:' .. resp, tenant)
+return 1
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 key. Returns the session's summaries' JSON (any order).
+SUMMARIES = (
+    _READ
+    + r"""
+local sid = live_sid(nm(ARGV[2], ARGV[3]))
+if not sid then return {} end
+return redis.call('HVALS', P .. 'm:' .. sid)
+"""
+)

@@ -1,0 +1,370 @@
+"""The Redis store's Lua scripts: every write is one script, so it is atomic.
+
+Redis runs a script to its end before any other command, so no reader ever
+sees half an exchange. A script that fails part-way keeps what it already
+wrote, so each write script checks everything that can fail (a duplicate
+request id, a stale cached chain) before its first write, and is declared
+with a ``#!lua`` shebang: Redis then refuses it *before* it starts when the
+server is out of memory, instead of failing it half-way (Redis 7.0+).
+
+Key layout under the store's prefix ``P`` (``S`` a session id, ``N`` a
+session's name: tenant and key, length-prefixed so no key can forge another):
+
+    P n:N      string  the session id of name N
+    P s:S      hash    t tenant, k key, c created, u updated, h head item id,
+                       n item count, w stored tokens
+    P p:S      hash    path hash -> item id
+    P a:S      hash    item id -> parent item id ('' for a root)
+    P i:S      hash    item id -> the item as JSON (path hash, content hash,
+                       role, tokens, status, created, message)
+    P m:S      hash    summary id -> the summary as JSON
+    P g:S      hash    "covered path hash:start unit" -> summary id (one per range)
+    P o:S      hash    response id -> the response row as JSON
+    P e:S      hash    response id -> "head item id:input head item id"
+    P q:N      hash    request id -> the request row as JSON (rows by name:
+                       those made before the session existed included)
+    P l:N      list    the name's request ids, in the order written
+    P r:ID     string  a request row without a session name
+    P rid      hash    request id -> N (so one row is found by id)
+    P upd      zset    "session id (zero-padded):tenant" by updated time; P upd:T per tenant
+    P resp     hash    "T:response id" -> S; P rt:ID set: tenants with that response id
+    P seq:s, seq:i, seq:m   id counters (never reused, like SQLite's AUTOINCREMENT)
+
+Every per-session key (and the name's request rows) carries the session's
+TTL, renewed by each write that moves ``updated``; the global indexes do not
+expire, so every read through one checks that the session it points at still
+exists (and drops the entry when not), and each sweep (DELETE_IDLE) also
+takes one bounded step through them (``P gc:*`` hold its cursors).
+"""
+
+from __future__ import annotations
+
+# Shared by every script: key names and the few steps several scripts take.
+PRELUDE = r"""
+local P = ARGV[1]
+local function nm(tenant, key) return #tenant .. ':' .. tenant .. ':' .. key end
+-- A session in the updated-time sets: its id, zero-padded so ties sort by id, and tenant.
+local function member(sid, tenant) return string.format('%015d', tonumber(sid)) .. ':' .. tenant end
+local function member_sid(m) return tostring(tonumber(string.sub(m, 1, 15))) end
+local SESSION_KEYS = {'s:', 'p:', 'a:', 'i:', 'm:', 'g:', 'o:', 'e:'}
+
+local function live_sid(name)
+  local sid = redis.call('GET', P .. 'n:' .. name)
+  if sid and redis.call('EXISTS', P .. 's:' .. sid) == 1 then return sid end
+  return false
+end
+
+local function session_keys(sid, name)
+  local keys = {P .. 'n:' .. name, P .. 'q:' .. name, P .. 'l:' .. name}
+  for _, k in ipairs(SESSION_KEYS) do keys[#keys + 1] = P .. k .. sid end
+  return keys
+end
+
+-- Renew the session's TTL (a write that counts as activity).
+local function expire_session(sid, name, ttl)
+  if ttl == '0' then return end
+  for _, k in ipairs(session_keys(sid, name)) do redis.call('PEXPIRE', k, ttl) end
+end
+
+-- Keys a write made without renewing the TTL get the session's remaining one.
+local function adopt_ttl(sid, name)
+  local left = redis.call('PTTL', P .. 's:' .. sid)
+  if left <= 0 then return end
+  for _, k in ipairs(session_keys(sid, name)) do
+    if redis.call('PTTL', k) == -1 then redis.call('PEXPIRE', k, left) end
+  end
+end
+
+local function session_info(sid)
+  local h = redis.call('HMGET', P .. 's:' .. sid, 't', 'k', 'c', 'u', 'h', 'n', 'w')
+  if not h[1] then return false end
+  local requests = redis.call('HLEN', P .. 'q:' .. nm(h[1], h[2]))
+  return {sid, h[1], h[2], h[3], h[4], h[5] or '', h[6], h[7], requests}
+end
+
+-- The chain from the root to item ``head``: {id, json, id, json, ...}, root first.
+local function walk(sid, head, out)
+  local ids = {}
+  local parents = P .. 'a:' .. sid
+  while head and head ~= '' do
+    ids[#ids + 1] = head
+    head = redis.call('HGET', parents, head)
+  end
+  local items = P .. 'i:' .. sid
+  for i = #ids, 1, -1 do
+    out[#out + 1] = ids[i]
+    out[#out + 1] = redis.call('HGET', items, ids[i])
+  end
+  return out
+end
+"""
+
+# A write's steps: a session made or touched, a chain stored, a request row.
+_WRITES = r"""
+local function request_taken(rid)
+  if redis.call('EXISTS', P .. 'r:' .. rid) == 1 then return true end
+  local name = redis.call('HGET', P .. 'rid', rid)
+  return name and redis.call('HEXISTS', P .. 'q:' .. name, rid) == 1
+end
+
+local function new_session(tenant, key, now)
+  local sid = tostring(redis.call('INCR', P .. 'seq:s'))
+  redis.call('SET', P .. 'n:' .. nm(tenant, key), sid)
+  redis.call('HSET', P .. 's:' .. sid, 't', tenant, 'k', key, 'c', now, 'u', now, 'n', 0, 'w', 0)
+  return sid
+end
+
+local function touch(sid, tenant, now)
+  redis.call('HSET', P .. 's:' .. sid, 'u', now)
+  redis.call('ZADD', P .. 'upd', now, member(sid, tenant))
+  redis.call('ZADD', P .. 'upd:' .. tenant, now, member(sid, tenant))
+end
+
+-- Store the chain's items from ARGV[base] on (path, tokens, json triples), the
+-- first one a child of ``parent``; ``first`` is its position in the whole
+-- chain, ``conv`` how many of the chain's items are the conversation.
+local function store_chain(sid, parent, first, count, base, conv)
+  local paths, parents, items = P .. 'p:' .. sid, P .. 'a:' .. sid, P .. 'i:' .. sid
+  local ids, new, added, tokens = {}, 0, 0, 0
+  for i = 1, count do
+    local j = base + 3 * (i - 1)
+    local id = redis.call('HGET', paths, ARGV[j])
+    if not id then
+      id = tostring(redis.call('INCR', P .. 'seq:i'))
+      redis.call('HSET', paths, ARGV[j], id)
+      redis.call('HSET', parents, id, parent)
+      redis.call('HSET', items, id, ARGV[j + 2])
+      added = added + 1
+      tokens = tokens + tonumber(ARGV[j + 1])
+      if first + i - 1 < conv then new = new + 1 end
+    end
+    ids[i] = id
+    parent = id
+  end
+  if added > 0 then
+    redis.call('HINCRBY', P .. 's:' .. sid, 'n', added)
+    redis.call('HINCRBY', P .. 's:' .. sid, 'w', tokens)
+  end
+  return ids, new
+end
+
+-- An item id given as 'k<id>' (known to the caller), 's<n>' (the n-th item
+-- this script stored) or 'n' (none).
+local function resolve(spec, ids)
+  local c = string.sub(spec, 1, 1)
+  if c == 'k' then return string.sub(spec, 2) end
+  if c == 's' then return ids[tonumber(string.sub(spec, 2))] end
+  return false
+end
+
+local function json_id(id) return id or 'null' end
+
+local function write_row(name, rid, head, sid, ids, specs, ttl)
+  local dropped = {}
+  for spec in string.gmatch(specs[4], '[^,]+') do dropped[#dropped + 1] = resolve(spec, ids) end
+  local row = head .. ',"session_id":' .. json_id(sid)
+    .. ',"dropped_item_ids":[' .. table.concat(dropped, ',') .. ']'
+    .. ',"first_item_id":' .. json_id(resolve(specs[1], ids))
+    .. ',"last_item_id":' .. json_id(resolve(specs[2], ids))
+    .. ',"reply_item_id":' .. json_id(resolve(specs[3], ids)) .. '}'
+  if name == '' then
+    redis.call('SET', P .. 'r:' .. rid, row)
+    if ttl ~= '0' then redis.call('PEXPIRE', P .. 'r:' .. rid, ttl) end
+  else
+    redis.call('HSET', P .. 'q:' .. name, rid, row)
+    redis.call('RPUSH', P .. 'l:' .. name, rid)
+    redis.call('HSET', P .. 'rid', rid, name)
+  end
+end
+"""
+
+# ARGV: 1 prefix, 2 mode (row: no session nor name | named: no session | fail:
+# no items | chain | response), 3 tenant, 4 key, 5 now, 6 ttl ms ('0': none), 7 request id,
+# 8 the request row's JSON without its id fields and closing brace,
+# 9 the cached session id, 10 the parent of the first item sent, 11 how many
+# items of the chain the caller knows (not sent), 12 the conversation's
+# length, 13-16 first, last, reply item and dropped (comma-separated) specs,
+# 17 the new head's spec, 18 response id, 19 the response row's JSON without
+# its id fields and closing brace, 20 the response's input head spec,
+# 21 how many items follow, 22... (path hash, tokens, item JSON) triples.
+# Returns {'dup'}, {'stale'} (the cached session is gone: resend it all) or
+# {'ok', session id or '', new messages, id of each item sent...}.
+RECORD = (
+    "#!lua\n"
+    + PRELUDE
+    + _WRITES
+    + r"""
+local mode, tenant, key, now, ttl, rid = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local specs = {ARGV[13], ARGV[14], ARGV[15], ARGV[16]}
+if request_taken(rid) then return {'dup'} end
+local name = ''
+if mode ~= 'row' then name = nm(tenant, key) end
+if mode == 'row' or mode == 'named' or mode == 'fail' then
+  -- No items: only the request row (the session, if any, is left as it was).
+  local sid = false
+  if mode == 'fail' then sid = live_sid(name) end
+  write_row(name, rid, ARGV[8], sid, {}, specs, ttl)
+  if name ~= '' then
+    local any = live_sid(name)
+    if any then adopt_ttl(any, name)
+    elseif ttl ~= '0' then
+      redis.call('PEXPIRE', P .. 'q:' .. name, ttl)
+      redis.call('PEXPIRE', P .. 'l:' .. name, ttl)
+    end
+  end
+  return {'ok', sid or ''}
+end
+
+local sid = live_sid(name)
+local known = tonumber(ARGV[11])
+if known > 0 and ARGV[9] ~= sid then return {'stale'} end
+if not sid then sid = new_session(tenant, key, now) end
+touch(sid, tenant, now)
+local ids, new = store_chain(sid, ARGV[10], known, tonumber(ARGV[21]), 22, tonumber(ARGV[12]))
+local head = resolve(ARGV[17], ids)
+if head then redis.call('HSET', P .. 's:' .. sid, 'h', head) end
+write_row(name, rid, ARGV[8], sid, ids, specs, ttl)
+if mode == 'response' then
+  local resp, field = ARGV[18], #tenant .. ':' .. tenant .. ':' .. ARGV[18]
+  local old = redis.call('HGET', P .. 'resp', field)
+  if old and old ~= sid then
+    redis.call('HDEL', P .. 'o:' .. old, resp)
+    redis.call('HDEL', P .. 'e:' .. old, resp)
+  end
+  local input = resolve(ARGV[20], ids)
+  redis.call('HSET', P .. 'resp', field, sid)
+  redis.call('SADD', P .. 'rt:' .. resp, tenant)
+  redis.call('HSET', P .. 'o:' .. sid, resp, ARGV[19] .. ',"session_id":' .. sid
+    .. ',"head_item_id":' .. json_id(head) .. ',"input_head_item_id":' .. json_id(input) .. '}')
+  redis.call('HSET', P .. 'e:' .. sid, resp, (head or '') .. ':' .. (input or ''))
+end
+expire_session(sid, name, ttl)
+local out = {'ok', sid, new}
+for i = 1, #ids do out[#out + 1] = ids[i] end
+return out
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 key, 4 now, 5 ttl ms, 6 cached session id,
+# 7 parent of the first item sent, 8 items known (not sent), 9 the range
+# ("covered path hash:start unit"), 10 the summary's JSON without its opening
+# brace and id fields, 11 the covered item's spec, 12 how many items follow,
+# 13... triples. Returns {'stale'} or {'ok', summary JSON} (the stored one
+# when the range had one already: the first writer wins).
+SAVE_SUMMARY = (
+    "#!lua\n"
+    + PRELUDE
+    + _WRITES
+    + r"""
+local tenant, key, now, ttl = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local name = nm(tenant, key)
+local sid = live_sid(name)
+local known = tonumber(ARGV[8])
+if known > 0 and ARGV[6] ~= sid then return {'stale'} end
+local created = false
+if not sid then
+  -- Created if new (updated now); an existing session's activity time does not move.
+  sid = new_session(tenant, key, now)
+  redis.call('ZADD', P .. 'upd', now, member(sid, tenant))
+  redis.call('ZADD', P .. 'upd:' .. tenant, now, member(sid, tenant))
+  created = true
+end
+local found = redis.call('HGET', P .. 'g:' .. sid, ARGV[9])
+if found then return {'ok', redis.call('HGET', P .. 'm:' .. sid, found)} end
+local ids = store_chain(sid, ARGV[7], known, tonumber(ARGV[12]), 13, 0)
+local id = tostring(redis.call('INCR', P .. 'seq:m'))
+local json = '{"id":' .. id .. ',"session_id":' .. sid
+  .. ',"covers_item_id":' .. resolve(ARGV[11], ids) .. ',' .. ARGV[10]
+redis.call('HSET', P .. 'm:' .. sid, id, json)
+redis.call('HSET', P .. 'g:' .. sid, ARGV[9], id)
+if created then expire_session(sid, name, ttl) else adopt_ttl(sid, name) end
+return {'ok', json}
+"""
+)
+
+_DELETES = r"""
+local function drop_name(name)
+  local q = P .. 'q:' .. name
+  local ids = redis.call('HKEYS', q)
+  for i = 1, #ids, 500 do
+    redis.call('HDEL', P .. 'rid', unpack(ids, i, math.min(i + 499, #ids)))
+  end
+  redis.call('UNLINK', q, P .. 'l:' .. name)
+end
+
+local function drop_session(sid, tenant, key)
+  local name = nm(tenant, key)
+  for _, resp in ipairs(redis.call('HKEYS', P .. 'o:' .. sid)) do
+    redis.call('HDEL', P .. 'resp', #tenant .. ':' .. tenant .. ':' .. resp)
+    redis.call('SREM', P .. 'rt:' .. resp, tenant)
+  end
+  for _, k in ipairs(SESSION_KEYS) do redis.call('UNLINK', P .. k .. sid) end
+  if redis.call('GET', P .. 'n:' .. name) == sid then redis.call('DEL', P .. 'n:' .. name) end
+  redis.call('ZREM', P .. 'upd', member(sid, tenant))
+  redis.call('ZREM', P .. 'upd:' .. tenant, member(sid, tenant))
+  drop_name(name)
+end
+"""
+
+# ARGV: 1 prefix, 2 tenant, 3 key. Returns 1 if there was a session.
+DELETE_SESSION = (
+    "#!lua\n"
+    + PRELUDE
+    + _DELETES
+    + r"""
+local tenant, key = ARGV[2], ARGV[3]
+local sid = live_sid(nm(tenant, key))
+if not sid then drop_name(nm(tenant, key)) return 0 end
+drop_session(sid, tenant, key)
+return 1
+"""
+)
+
+# ARGV: 1 prefix, 2 cutoff, 3 batch size. Returns {sessions looked at, deleted}.
+DELETE_IDLE = (
+    "#!lua\n"
+    + PRELUDE
+    + _DELETES
+    + r"""
+local members = redis.call('ZRANGEBYSCORE', P .. 'upd', '-inf', '(' .. ARGV[2],
+  'LIMIT', 0, tonumber(ARGV[3]))
+local deleted = 0
+for _, m in ipairs(members) do
+  local sid = member_sid(m)
+  local h = redis.call('HMGET', P .. 's:' .. sid, 't', 'k')
+  if h[1] then
+    drop_session(sid, h[1], h[2])
+    deleted = deleted + 1
+  else
+    -- Expired natively already: only its index entries were left.
+    redis.call('ZREM', P .. 'upd', m)
+    redis.call('ZREM', P .. 'upd:' .. string.sub(m, 17), m)
+  end
+end
+
+-- One step through the global hashes, for entries of sessions that expired natively.
+local function collect(index, stale)
+  local cursor_key = P .. 'gc:' .. index
+  local found = redis.call('HSCAN', P .. index, redis.call('GET', cursor_key) or '0', 'COUNT', 500)
+  for i = 1, #found[2], 2 do stale(found[2][i], found[2][i + 1]) end
+  if found[1] == '0' then
+    redis.call('DEL', cursor_key)
+  else
+    redis.call('SET', cursor_key, found[1])
+  end
+end
+collect('rid', function(rid, name)
+  if redis.call('HEXISTS', P .. 'q:' .. name, rid) == 0 then redis.call('HDEL', P .. 'rid', rid) end
+end)
+collect('resp', function(field, sid)
+  local digits = string.match(field, '^(%d+):')
+  local tenant = string.sub(field, #digits + 2, #digits + 1 + tonumber(digits))
+  local resp = string.sub(field, #digits + 3 + tonumber(digits))
+  if redis.call('HEXISTS', P .. 'o:' .. sid, resp) == 0 then
+    redis.call('HDEL', P .. 'resp', field)
+    redis.call('SREM', P .. 'rt:' .. resp, tenant)
+  end
+end)
+return {#members, deleted}
+"""
+)

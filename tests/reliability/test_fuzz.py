@@ -1,0 +1,117 @@
+"""Generated hostile bodies on both endpoints: no 5xx of the proxy's own, OpenAI's shape
+on every 4xx, and what was stored before is byte-identical afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.harness import ProxyServer, query
+from tests.reliability import bodies
+from tests.reliability.conftest import Both
+from tests.reliability.fuzz import BODIES_PER_ENDPOINT, Tally
+
+APPS = st.sampled_from([None, "trim", "server"])
+SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "fuzz-1", "ユ"])
+
+
+def _seed(client: httpx.Client, proxy: ProxyServer) -> None:
+    """Sessions stored before the fuzz, through each kind of route."""
+    for app, session in (("server", "seeded-server"), ("trim", "seeded-chat")):
+        for n in range(3):
+            body = {"model": "gpt-4o", "messages": [{"role": "user", "content": f"seed {n}"}]}
+            r = client.post(
+                f"{proxy.url}/v1/chat/completions",
+                content=orjson.dumps(body),
+                headers={"x-app": app, "x-session-id": session},
+            )
+            assert r.status_code == 200, r.text
+    r = client.post(
+        f"{proxy.url}/v1/responses",
+        content=orjson.dumps({"model": "gpt-4o", "input": "seed"}),
+        headers={"x-session-id": "seeded-responses"},
+    )
+    assert r.status_code == 200, r.text
+    proxy.drain()
+
+
+def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    return {
+        table: [tuple(row) for row in query(db, f"SELECT * FROM {table} ORDER BY rowid")]
+        for table in ("sessions", "items", "responses")
+    }
+
+
+def _unchanged(
+    before: dict[str, list[tuple[Any, ...]]], after: dict[str, list[tuple[Any, ...]]]
+) -> None:
+    # Items and responses are append-only: every row stored before is still there, byte for
+    # byte. A session row's head and version move when a fuzzed body is a valid request.
+    for table in ("items", "responses"):
+        assert after[table][: len(before[table])] == before[table], table
+    keys_before = {row[:3] for row in before["sessions"]}
+    assert keys_before <= {row[:3] for row in after["sessions"]}
+
+
+def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally) -> None:
+    client = httpx.Client(
+        timeout=30, headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz"}
+    )
+    upstream = both.chat.received if path.endswith("completions") else both.responses.received
+
+    @settings(
+        max_examples=BODIES_PER_ENDPOINT,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(body=strategy, app=APPS, session=SESSIONS)
+    def one(body: Any, app: str | None, session: str | None) -> None:
+        raw = body if isinstance(body, bytes) else bodies.encode(body)
+        headers: dict[str, Any] = {}
+        if app:
+            headers["x-app"] = app
+        if session:
+            headers["x-session-id"] = session.encode()  # type: ignore[assignment]
+        calls = len(upstream)
+        response = client.post(proxy.url + path, content=raw, headers=headers)
+        tally.check(response, calls, len(upstream), f"{path} {headers} {raw[:300]!r}")
+
+    try:
+        one()
+    finally:
+        client.close()
+
+
+def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
+    reliable_proxy, both, tmp_path
+):
+    proxy = reliable_proxy()
+    db = tmp_path / "ctxproxy.db"
+    with httpx.Client(timeout=10) as client:
+        _seed(client, proxy)
+    before = _snapshot(db)
+    tally = Tally()
+    _fuzz(proxy, both, bodies.chat_bodies | bodies.raw_garbage, "/v1/chat/completions", tally)
+    _fuzz(proxy, both, bodies.responses_bodies | bodies.raw_garbage, "/v1/responses", tally)
+    proxy.drain()
+    print(
+        f"fuzz: {tally.bodies} bodies, statuses {sorted(tally.by_status.items())}, "
+        f"relayed upstream 5xx {tally.relayed_5xx}"
+    )
+    assert tally.failures == [], "\n".join(tally.failures[:20])
+    assert tally.bodies >= 2 * BODIES_PER_ENDPOINT
+    _unchanged(before, _snapshot(db))
+    # The proxy still answers, and the seeded server-held session still replays.
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "after"}]},
+        headers={"x-app": "server", "x-session-id": "seeded-server"},
+        timeout=10,
+    )
+    assert r.status_code in (200, 400), r.text

@@ -1,0 +1,228 @@
+"""The Redis store beyond the shared contract: native expiry, several instances, its keys.
+
+Against the real Redis on 127.0.0.1:6379 (tests/stores.py fails, never skips,
+when it is down), each store under a key prefix of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from proxy.store.base import ResponseIn, SessionRef, SummaryIn
+from proxy.store.redis import RedisStore, RedisStoreError
+from tests.stores import ALICE, ScratchRedisStore, msg, req, require_redis
+
+SYSTEM, U1, A1, U2 = (
+    msg("system", "s"),
+    msg("user", "hi"),
+    msg("assistant", "hello"),
+    msg("user", "?"),
+)
+
+Opener = Callable[..., Awaitable[RedisStore]]
+
+
+@pytest.fixture
+async def open_store() -> AsyncIterator[Opener]:
+    """Open Redis stores (``prefix=`` another's to share its data, as a second instance would)."""
+    opened: list[RedisStore] = []
+
+    async def open_one(**options: Any) -> RedisStore:
+        prefix = options.pop("prefix", None)
+        store = ScratchRedisStore(require_redis(), **options)
+        if prefix is not None:
+            store.prefix = prefix
+        await store.open()
+        opened.append(store)
+        return store
+
+    yield open_one
+    for store in reversed(opened):
+        await store.close()
+
+
+async def keys(store: RedisStore) -> set[str]:
+    """Every key under the store's prefix, the prefix left out."""
+    client = Redis.from_url(require_redis())
+    try:
+        found = {k.decode() async for k in client.scan_iter(match=store.prefix + "*")}
+    finally:
+        await client.aclose()
+    return {k.removeprefix(store.prefix) for k in found}
+
+
+COUNTERS = {"seq:s", "seq:i", "seq:m"}
+
+
+async def fill(store: RedisStore, session: SessionRef = ALICE) -> str:
+    """One of everything: an orphan row, an exchange, a response, a summary. Returns a request id."""
+    tenant, key = session.tenant, session.key
+    await store.record_exchange(session, [], None, req(tenant, session_key=key, status=502))
+    record = req(tenant, session_key=key)
+    await store.record_exchange(session, [SYSTEM, U1], A1, record)
+    response = ResponseIn("resp_1", {"id": "resp_1"}, "completed")
+    await store.record_response(session, [SYSTEM, U1, A1, U2], [A1], response, req(tenant))
+    await store.save_summary(session, [SYSTEM, U1, A1], SummaryIn(text="they met"))
+    return record.id
+
+
+async def test_a_session_expires_natively_with_every_key_of_it(open_store: Opener) -> None:
+    store = await open_store(ttl_s=0.3, expire_grace_s=0.0)
+    request_id = await fill(store)
+    assert await store.get_session(ALICE) is not None
+
+    await asyncio.sleep(0.6)
+
+    # No sweep ran: Redis itself expired the session; reads skip what it left in the indexes.
+    assert await store.get_session(ALICE) is None
+    assert await store.history(ALICE) == []
+    assert await store.requests(ALICE) == []
+    assert await store.request(request_id) is None
+    assert await store.summaries(ALICE) == []
+    assert await store.get_response(ALICE.tenant, "resp_1") is None
+    assert not await store.response_exists("resp_1")
+    assert await store.list_sessions() == []
+    assert await store.list_sessions(tenant=ALICE.tenant) == []
+    # The sweep finds nothing to delete, and drops the index entries no read came across.
+    assert await store.delete_idle_sessions(older_than=float("inf")) == 0
+    assert await keys(store) == COUNTERS
+
+
+async def test_a_sweep_alone_drops_what_a_native_expiry_left(open_store: Opener) -> None:
+    store = await open_store(ttl_s=0.2, expire_grace_s=0.0)
+    await fill(store)
+    await asyncio.sleep(0.4)
+    assert await store.delete_idle_sessions(older_than=float("inf")) == 0
+    assert await keys(store) == COUNTERS
+
+
+async def test_activity_renews_the_ttl_and_a_failed_call_does_not(open_store: Opener) -> None:
+    store = await open_store(ttl_s=0.5, expire_grace_s=0.0)
+    await store.record_exchange(ALICE, [U1], A1, req())
+    await asyncio.sleep(0.3)
+    await store.record_exchange(ALICE, [U1, A1, U2], None, req())  # activity: renewed
+    await asyncio.sleep(0.3)
+    assert await store.get_session(ALICE) is not None
+    await store.record_exchange(ALICE, [], None, req(status=502))  # not activity
+    await asyncio.sleep(0.3)
+    assert await store.get_session(ALICE) is None
+    assert await store.requests(ALICE) == []
+
+
+async def test_without_a_ttl_nothing_expires(open_store: Opener) -> None:
+    store = await open_store()
+    await fill(store)
+    client = Redis.from_url(require_redis())
+    try:
+        ttls = {k: await client.pttl(store.prefix + k) for k in await keys(store)}
+    finally:
+        await client.aclose()
+    assert set(ttls.values()) == {-1}
+
+
+async def test_the_default_grace_leaves_the_sweep_the_first_go(open_store: Opener) -> None:
+    store = await open_store(ttl_s=600.0)
+    await store.record_exchange(ALICE, [U1], A1, req())
+    client = Redis.from_url(require_redis())
+    try:
+        left = await client.pttl(f"{store.prefix}s:1")
+    finally:
+        await client.aclose()
+    # session.ttl plus a tenth of it (the sweep's interval) plus a minute.
+    assert 600_000 + 60_000 < left <= 600_000 + 60_000 + 60_000
+
+
+async def test_deleting_a_session_leaves_no_key_behind(open_store: Opener) -> None:
+    store = await open_store()
+    await fill(store)
+    other = SessionRef(ALICE.tenant, "other")
+    await fill(store, other)
+
+    assert await store.delete_session(ALICE)
+    assert await store.delete_idle_sessions(older_than=float("inf")) == 1
+    assert await keys(store) == COUNTERS
+
+
+async def test_the_sweep_deletes_more_sessions_than_one_batch(open_store: Opener) -> None:
+    store = await open_store()
+    for i in range(450):
+        await store.record_exchange(
+            SessionRef("t", f"s{i}"), [U1], A1, req("t", session_key=f"s{i}")
+        )
+    assert await store.delete_idle_sessions(older_than=float("inf")) == 450
+    assert await store.list_sessions() == []
+
+
+async def test_two_instances_share_every_session(open_store: Opener) -> None:
+    a = await open_store()
+    b = await open_store(prefix=a.prefix)
+    first = await a.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    # b resends a's history: nothing is stored twice.
+    second = await b.record_exchange(ALICE, [SYSTEM, U1, A1, U2], None, req())
+    assert first is not None and second is not None
+    assert second.new_messages == 1
+    assert second.item_ids[:3] == [*first.item_ids, first.reply_id]
+    assert [h.message for h in await a.history(ALICE)] == [
+        SYSTEM.message,
+        U1.message,
+        A1.message,
+        U2.message,
+    ]
+
+
+async def test_a_chain_cached_by_one_instance_is_not_trusted_after_another_recreates_the_session(
+    open_store: Opener,
+) -> None:
+    a = await open_store()
+    b = await open_store(prefix=a.prefix)
+    old = await a.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    # b deletes the session and a new one takes its name, with other items.
+    assert await b.delete_session(ALICE)
+    fresh = await b.record_exchange(ALICE, [U2], None, req())
+    assert old is not None and fresh is not None and fresh.session_id != old.session_id
+
+    # a still caches the old chain; resending it must store it anew in the new session.
+    again = await a.record_exchange(ALICE, [SYSTEM, U1, A1, U2], None, req())
+    assert again is not None
+    assert again.session_id == fresh.session_id
+    assert again.new_messages == 4
+    assert not set(again.item_ids) & {*old.item_ids, old.reply_id}
+    history = await b.history(ALICE)
+    assert [h.id for h in history] == again.item_ids
+    assert [h.parent_id for h in history] == [None, *again.item_ids[:-1]]
+    info = await b.get_session(ALICE)
+    assert info is not None and (info.item_count, info.stored_tokens) == (5, 15)
+
+
+async def test_concurrent_exchanges_through_two_instances_store_each_message_once(
+    open_store: Opener,
+) -> None:
+    a = await open_store()
+    b = await open_store(prefix=a.prefix)
+    prefix = [SYSTEM, U1, A1]
+    results = await asyncio.gather(
+        *(
+            (a if i % 2 else b).record_exchange(
+                ALICE, [*prefix, msg("user", f"q{i}")], msg("assistant", f"a{i}"), req()
+            )
+            for i in range(40)
+        )
+    )
+    assert len({tuple(r.item_ids[:3]) for r in results if r is not None}) == 1
+    info = await a.get_session(ALICE)
+    assert info is not None and (info.item_count, info.request_count) == (3 + 80, 40)
+
+
+async def test_an_unreachable_redis_fails_open_with_the_address() -> None:
+    store = RedisStore("redis://:secret@127.0.0.1:1/0")
+    with pytest.raises(
+        RedisStoreError, match=r"cannot reach Redis at redis://\*\*\*@127.0.0.1:1/0"
+    ):
+        await store.open()
+    with pytest.raises(RuntimeError, match="not open"):
+        await store.history(ALICE)
