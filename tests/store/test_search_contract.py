@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.store.base import MessageIn, SessionRef, Store
 from proxy.store.search import RecallIndex
 from proxy.store.search_backends import recall_index_for
-from tests.stores import ALICE, msg, req
+from tests.stores import ALICE, make_store, msg, req
+
+# The backends with a recall index (proxy/store/search_backends.py); a backend
+# that gains one adds itself here. The others serve recall requests without
+# recall (X-Context-Recall: unsupported).
+SEARCH_BACKENDS = ["sqlite", "memory"]
+
+
+@pytest.fixture(params=SEARCH_BACKENDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s = make_store(request.param, tmp_path)
+    await s.open()
+    yield s
+    await s.close()
 
 TEXTS = [
     "Good morning, I would like to ask about my order.",
