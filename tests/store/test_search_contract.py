@@ -28,6 +28,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     yield s
     await s.close()
 
+
 TEXTS = [
     "Good morning, I would like to ask about my order.",
     "Sure, which order is it?",
