@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/cache.py
+	$(BIN)/python bench/recall.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -184,6 +184,8 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         "clipped": detail.get("clipped", []),
         "masked": detail.get("masked", []),
         "summarized": summarized_view(row),
+        # What recall brought back: outcome, spans, hits (item ids, scores), tokens.
+        "recall": detail.get("recall"),
         "fallback": detail.get("fallback"),
         "latency_ms": {"total": row["total_ms"], "upstream": row["upstream_ms"]},
         "usage": row["usage"],

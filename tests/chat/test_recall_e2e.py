@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 
 from policies.recall import BLOCK_OPEN
@@ -128,3 +129,32 @@ def test_an_index_error_serves_the_request_without_recall(fake, start_proxy, tmp
     del metrics
     text = openai.OpenAI(base_url=f"{proxy.url}", api_key="x").get("/metrics", cast_to=str)
     assert 'ctxproxy_recall_total{policy="support",outcome="error"} 1' in text
+
+
+def test_preview_and_the_admin_view_show_what_recall_brought_back(
+    fake, start_proxy, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CTX_RECALL_ADMIN", "adm-key")
+    admin = {"admin": {"api_key": "os.environ/CTX_RECALL_ADMIN"}}
+    proxy = start_proxy(policies=POLICY, routes=ROUTE, extra=admin)
+    c = client(proxy, "shown")
+    history: list[dict[str, Any]] = []
+    for t in range(1, 40):
+        history.append({"role": "user", "content": user_turn(t)})
+        reply = c.chat.completions.create(model="gpt-4o", messages=history)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    proxy.drain()
+    body = {"model": "gpt-4o", "messages": [*history, {"role": "user", "content": QUESTION}]}
+    preview = c.post("/context/preview", body=body, cast_to=httpx.Response)
+    shown = preview.json()
+    assert shown["recall"]["status"] == "recalled"
+    assert preview.headers["x-context-recall"] == "recalled"
+    assert any(BLOCK_OPEN in str(m.get("content")) for m in shown["messages"])
+    sent = c.chat.completions.with_raw_response.create(**body)
+    proxy.drain()
+    row = httpx.get(
+        f"{proxy.url}/admin/requests/{sent.headers['x-ctxproxy-request-id']}",
+        headers={"Authorization": "Bearer adm-key"},
+    ).json()
+    assert row["recall"]["status"] == "recalled"
+    assert row["recall"]["spans"] == shown["recall"]["spans"]
