@@ -13,7 +13,7 @@ import pytest
 
 from policies.recall import Hit, recall
 from policies.trim import trim
-from policies.types import Budget, TrimSpec
+from policies.types import Budget, ContextTooLong, TrimSpec
 from policies.units import find_orphans
 from tests.policies.test_properties import simple_count
 from tests.policies.test_tau import requests
@@ -33,7 +33,10 @@ def test_no_forwarded_list_has_an_unpaired_tool_call_or_result(
     recalled = 0
     for conversation in conversations:
         for messages in requests(conversation):
-            decision = trim(messages, TrimSpec(max_tokens=1800), simple_count, Budget(1800))
+            try:
+                decision = trim(messages, TrimSpec(max_tokens=1800), simple_count, Budget(1800))
+            except ContextTooLong:
+                continue  # the newest turn alone is over the budget: a 400, nothing to recall
             hits = [Hit(i, float((i * 7919) % 97)) for i in decision.dropped]
             out, got = recall(messages, decision, hits, simple_count, 700, neighbors=neighbors)
             assert find_orphans(out.messages) == ()
