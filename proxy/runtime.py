@@ -53,6 +53,7 @@ def build_store_for(config: Config) -> Store:
             pool_size=store.pool_size,
             schema=store.schema,
             ttl_s=config.session.ttl_s,
+            key_prefix=store.key_prefix,
         )
     )
 

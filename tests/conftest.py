@@ -24,8 +24,9 @@ from tests.fakes.responses import FakeResponses  # noqa: E402
 from tests.fakes.upstream import FakeUpstream  # noqa: E402
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
 
-# The store contract tests' fixtures: `store` (SQLite and in-memory) and `clock`.
-from tests.stores import clock, store  # noqa: E402, F401
+# The store contract tests' fixtures: `store` (every backend) and `clock`; the
+# PostgreSQL schemas of the run are dropped at its end.
+from tests.stores import clock, postgres_schemas, store  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

@@ -262,7 +262,7 @@ def parse_config(data: Any, source: str | None = None) -> Config:
     fmt = log.text("format", "auto") or "auto"
     if fmt not in ("auto", "json", "console"):
         raise ConfigError("logging.format", f"must be auto, json or console, got {fmt!r}")
-    store = store_config(root.child("store", {"path", "url", "pool_size", "schema"}))
+    store = store_config(root.child("store", {"path", "url", "pool_size", "schema", "key_prefix"}))
     coordination = coordination_config(root.child("coordination", COORDINATION_KEYS))
     check_coordination(store, coordination)
     return Config(

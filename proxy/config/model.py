@@ -46,6 +46,8 @@ class StoreConfig:
     # PostgreSQL: connections per instance, and the schema the tables live in.
     pool_size: int = 10
     schema: str | None = None
+    # Redis: the prefix of every key the store writes ("<key_prefix>:...").
+    key_prefix: str = "ctxproxy:store"
 
 
 @dataclass(frozen=True)

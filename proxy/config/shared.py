@@ -54,11 +54,17 @@ def store_config(node: Node) -> StoreConfig:
         url is None or urlsplit(url).scheme.lower() not in STORE_SCHEMES[:2]
     ):
         raise ConfigError(node.at("schema"), "applies to a postgresql:// store only")
+    prefix = node.text("key_prefix")
+    if prefix is not None and not _PREFIX.fullmatch(prefix):
+        raise ConfigError(node.at("key_prefix"), f"must be 1-64 of [A-Za-z0-9_.:-], got {prefix!r}")
+    if prefix is not None and (url is None or urlsplit(url).scheme.lower() not in REDIS_SCHEMES):
+        raise ConfigError(node.at("key_prefix"), "applies to a redis:// store only")
     return StoreConfig(
         path=node.text("path", d.path) or d.path,
         url=url,
         pool_size=node.integer("pool_size", d.pool_size, minimum=1) or d.pool_size,
         schema=schema,
+        key_prefix=prefix or d.key_prefix,
     )
 
 

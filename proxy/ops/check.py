@@ -17,8 +17,10 @@ LIMITS: dict[str, tuple[str, ...]] = {
     "sqlite": (),
     "postgresql": (),
     "redis": (
-        "the store does not check session-lock fencing tokens (PostgreSQL does): a holder"
-        " whose lease ran out could still write after the next holder",
+        "standalone Redis 7.0+ (or with replicas / Sentinel), not Redis Cluster;"
+        " set maxmemory-policy noeviction and appendonly yes (it is the only copy)",
+        "native expiry uses the session.ttl the proxy started with (a reload changes the"
+        " sweep at once, the keys' expiry at the next restart)",
     ),
 }
 

@@ -19,15 +19,18 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from proxy.config.model import StoreConfig
+from proxy.config.node import Node
+from proxy.config.shared import store_config
+from proxy.errors import ConfigError
 from proxy.ops.admin_views import export_lines, ndjson, session_detail, session_list
 from proxy.ops.replay_cli import run_replay
+from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import SessionRef, Store
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--config", help="the proxy's YAML config (its store.path is used)")
+    where.add_argument("--config", help="the proxy's YAML config (its store section is used)")
     where.add_argument("--db", help="path to the SQLite file")
 
 
@@ -69,30 +72,29 @@ def _parser() -> argparse.ArgumentParser:
 # -- sessions -------------------------------------------------------------------
 
 
-def _store_path(config_path: str, err: TextIO) -> str | None:
-    """The config's ``store.path``, read without the rest of the file.
+def _store_spec(config_path: str, err: TextIO) -> StoreSpec | None:
+    """The config's ``store`` section (SQLite path or shared store URL), read alone.
 
     The store is all these commands need; resolving the whole config would
     demand every ``os.environ/`` secret (upstream and admin keys) in the
-    operator's shell.
+    operator's shell. Only ``store.url`` is resolved when it is a reference.
     """
     try:
         data = yaml.safe_load(Path(config_path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         print(f"config error: cannot read {config_path}: {exc}", file=err)
         return None
-    store = data.get("store") if isinstance(data, dict) else None
-    path = store.get("path", StoreConfig.path) if isinstance(store, dict) else StoreConfig.path
-    if not isinstance(path, str):
-        print(f"config error: store.path: must be a string, got {path!r}", file=err)
+    raw = data.get("store") if isinstance(data, dict) else None
+    try:
+        store = store_config(Node("store", raw, {"path", "url", "pool_size", "schema"}))
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=err)
         return None
-    return path
+    return StoreSpec(path=store.path, url=store.url, pool_size=2, schema=store.schema)
 
 
-async def _with_store(path: str, work: Callable[[Store], Awaitable[int]]) -> int:
-    from proxy.store.sqlite import SqliteStore
-
-    store = SqliteStore(path)
+async def _with_store(spec: StoreSpec, work: Callable[[Store], Awaitable[int]]) -> int:
+    store = build_store(spec)
     await store.open()
     try:
         return await work(store)
@@ -242,8 +244,8 @@ def summary_use(r: dict[str, Any]) -> str:
 
 
 def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    path = ns.db or _store_path(ns.config, err)
-    if path is None:
+    spec = StoreSpec(path=ns.db) if ns.db else _store_spec(ns.config, err)
+    if spec is None:
         return 2
 
     async def work(store: Store) -> int:
@@ -284,7 +286,7 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print_session(detail, out)
         return 0
 
-    return asyncio.run(_with_store(path, work))
+    return asyncio.run(_with_store(spec, work))
 
 
 def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -37,6 +37,8 @@ class StoreSpec:
     schema: str | None = None
     # session.ttl: the Redis store gives every session's keys a native expiry.
     ttl_s: float | None = None
+    # The Redis store's keys are "<key_prefix>:...".
+    key_prefix: str = "ctxproxy:store"
 
 
 def backend_name(url: str | None) -> str:
@@ -61,7 +63,7 @@ def build_store(spec: StoreSpec) -> Store:
         from proxy.store.redis import RedisStore
 
         assert spec.url is not None
-        return RedisStore(spec.url, ttl_s=spec.ttl_s)
+        return RedisStore(spec.url, prefix=f"{spec.key_prefix}:", ttl_s=spec.ttl_s)
     from proxy.store.sqlite import SqliteStore
 
     return SqliteStore(spec.path)

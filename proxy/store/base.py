@@ -186,6 +186,14 @@ class StoredSummary:
     created_at: float
 
 
+class FencedOut(RuntimeError):
+    """A write under a session lock that was lost: a newer holder has written since.
+
+    The shared stores (PostgreSQL, Redis) raise it for an exchange whose
+    ``detail["fence"]`` token is older than one the session stored; nothing is written.
+    """
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
 

@@ -21,6 +21,7 @@ import asyncpg
 
 from proxy.store.base import (
     ExchangeResult,
+    FencedOut,
     MessageIn,
     RequestRecord,
     ResponseIn,
@@ -92,10 +93,6 @@ _INSERT_SUMMARY = """
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
     ON CONFLICT (session_id, covers_path_hash, start_unit) DO NOTHING
 """
-
-
-class FencedOut(RuntimeError):
-    """A write under a session lock that was lost: a newer holder has written since."""
 
 
 _FENCE = "UPDATE sessions SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING id"

@@ -30,13 +30,14 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from proxy.store import redis_codec as codec
 from proxy.store import redis_queries as queries
 from proxy.store import redis_scripts as scripts
 from proxy.store.base import (
     ExchangeResult,
+    FencedOut,
     MessageIn,
     RequestRecord,
     ResponseIn,
@@ -48,6 +49,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
+from proxy.store.redis_writes import RETRY, RecordCall
 from proxy.telemetry.logging import get_logger
 
 log = get_logger()
@@ -66,7 +68,7 @@ class RedisStore:
         self,
         url: str,
         *,
-        prefix: str = "ctxproxy:",
+        prefix: str = "ctxproxy:store:",
         ttl_s: float | None = None,
         expire_grace_s: float | None = None,
         max_connections: int = 64,
@@ -83,8 +85,13 @@ class RedisStore:
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self._chains = ChainCache()
+        # What puts an item's words in the session's recall index (None: no index kept).
+        self._index: codec.Words | None = None
         self._client: Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
+        # Exchanges waiting for the next pipeline, and the task that sends them.
+        self._queue: list[tuple[RecordCall, asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def _ttl_ms(self) -> str:
@@ -123,6 +130,9 @@ class RedisStore:
         self._client = client
 
     async def close(self) -> None:
+        if self._flusher is not None:
+            # Writes already queued are sent first; their callers see any error.
+            await asyncio.gather(self._flusher, return_exceptions=True)
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
@@ -141,7 +151,34 @@ class RedisStore:
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
-        return asyncio.ensure_future(self.record_exchange(session, conversation, reply, request))
+        """``record_exchange``, queued now; the future has its result once stored.
+
+        Exchanges queued while a batch is on the wire go out together in the
+        next one: one pipeline of scripts, each still atomic by itself (what
+        SQLite's group commit is to its writer). No task per exchange.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ExchangeResult | None] = loop.create_future()
+        output = [reply] if reply is not None else []
+        try:
+            call = RecordCall(
+                self._chains,
+                self._ttl_ms,
+                self._index,
+                time.time(),
+                session,
+                conversation,
+                output,
+                request,
+            )
+            call.args()
+        except (TypeError, ValueError) as exc:  # not JSON: refused before anything is sent
+            future.set_exception(exc)
+            return future
+        self._queue.append((call, future))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush(), name="redis-store-writes")
+        return future
 
     async def record_exchange(
         self,
@@ -155,69 +192,64 @@ class RedisStore:
         A failed call (empty conversation, no reply) leaves the session as it
         was, head, ``updated_at`` and TTL included.
         """
-        now = time.time()
-        created_at = request.created_at or now
-        conversation = list(conversation)
-        chain = [*conversation, *([reply] if reply is not None else [])]
-        if session is None or not chain:
-            tenant = session.tenant if session else request.tenant
-            key = session.key if session else request.session_key
-            head = codec.row_head(request, tenant, key, created_at)
-            # Without a session the row is still filed under the name it gave, if any.
-            mode = "fail" if session else "named" if key is not None else "row"
-            out = await self._run(
-                "RECORD", mode, tenant, key or "", repr(now), self._ttl_ms, request.id, head,
-                *_NO_CHAIN,
-            )  # fmt: skip
-            codec.check(out, request)
-            if session is None or not out[1]:
-                return None
-            return ExchangeResult(int(out[1]), [], None, 0)
-        head = codec.row_head(request, session.tenant, session.key, created_at)
-        sid, ids, new = await self._write_chain(
-            "chain", session, chain, len(conversation), request, head, now
-        )
-        item_ids = ids[: len(conversation)]
-        return ExchangeResult(sid, item_ids, ids[-1] if reply is not None else None, new)
+        return await self.record_exchange_soon(session, conversation, reply, request)
 
-    async def _write_chain(
-        self,
-        mode: str,
-        session: SessionRef,
-        chain: Sequence[MessageIn],
-        conv: int,
-        request: RequestRecord,
-        row_head: bytes,
-        now: float,
-        response: tuple[str, bytes] = ("", b""),
-    ) -> tuple[int, list[int], int]:
-        """Store ``chain`` (its first ``conv`` items the conversation) and the row."""
-        content = [m.content_hash for m in chain]
-        prefix = self._chains.prefix(session, content)
-        known: Sequence[int] = prefix.known_ids if prefix.session_id is not None else ()
-        while True:
-            spec = codec.Specs(known)
-            replied = len(chain) > conv
-            dropped = ",".join(spec(i) for i in request.dropped_indexes if 0 <= i < conv)
-            out = await self._run(
-                "RECORD", mode, session.tenant, session.key, repr(now), self._ttl_ms, request.id,
-                row_head, str(prefix.session_id or ""), spec.parent, len(known), conv,
-                spec(0) if conv else "n", spec(conv - 1) if conv else "n",
-                spec(len(chain) - 1) if replied else "n", dropped,
-                spec(len(chain) - 1) if chain else "n", response[0], response[1],
-                spec(conv - 1) if conv else "n",
-                *codec.triples(chain, prefix.path_hashes, len(known), now),
-            )  # fmt: skip
-            if out[0] == b"stale":  # the cached session is gone: send everything
-                self._chains.forget(session)
-                known = ()
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._send(batch)
+        finally:
+            self._flusher = None
+            # Cancelled (the loop is closing): what is still queued is not stored.
+            for _, future in self._queue:
+                future.cancel()
+            self._queue = []
+
+    async def _send(self, batch: list[tuple[RecordCall, asyncio.Future[Any]]]) -> None:
+        try:
+            if self._client is None:
+                raise RuntimeError("RedisStore is not open")
+            pipe = self._client.pipeline(transaction=False)
+            sha = self._scripts["RECORD"].sha
+            for call, _ in batch:
+                pipe.evalsha(sha, 0, self.prefix, *call.args())
+            outs = await pipe.execute(raise_on_error=False)
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as exc:
+            # Whatever stops the batch (Redis down or gone), each of its callers gets it.
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        if any(isinstance(out, NoScriptError) for out in outs):
+            # Redis lost its scripts (a restart): load RECORD again; those calls go again.
+            self._scripts["RECORD"].sha = await self._client.script_load(
+                self._scripts["RECORD"].script
+            )
+        for (call, future), out in zip(batch, outs, strict=True):
+            try:
+                if isinstance(out, Exception) and not isinstance(out, NoScriptError):
+                    raise out
+                result = RETRY if isinstance(out, Exception) else call.settle(out)
+            except (RedisError, ValueError, FencedOut) as exc:
+                if not future.done():
+                    future.set_exception(exc)
                 continue
-            codec.check(out, request)
-            sid = int(out[1])
-            ids = [*known, *(int(i) for i in out[3:])]
-            if ids:
-                self._chains.committed(session, sid, content, prefix.path_hashes, ids)
-            return sid, ids, int(out[2])
+            if result is RETRY:  # in the next batch, not one round trip at a time
+                self._queue.append((call, future))
+            elif not future.done():
+                future.set_result(result)
+
+    async def _call(self, call: RecordCall) -> Any:
+        """One RECORD call on its own, again until it settles."""
+        while True:
+            result = call.settle(await self._run("RECORD", *call.args()))
+            if result is not RETRY:
+                return result
 
     async def history(self, session: SessionRef) -> list[StoredItem]:
         return codec.items(await self._run("HISTORY", session.tenant, session.key))
@@ -271,7 +303,6 @@ class RedisStore:
         """Store one response atomically (one script; see ``Store.record_response``)."""
         now = time.time()
         created_at = request.created_at or now
-        chain = [*conversation, *output]
         row = {
             "id": response.id,
             "tenant": session.tenant,
@@ -282,13 +313,12 @@ class RedisStore:
             "response": response.response,
             "created_at": created_at,
         }
-        head = codec.row_head(request, session.tenant, session.key, created_at)
-        sid, ids, new = await self._write_chain(
-            "response", session, chain, len(conversation), request, head, now,
+        call = RecordCall(
+            self._chains, self._ttl_ms, self._index, now, session, conversation, output, request,
             (response.id, orjson.dumps(row)[:-1]),
         )  # fmt: skip
-        item_ids = ids[: len(conversation)]
-        return ExchangeResult(sid, item_ids, ids[-1] if output else None, new)
+        result: ExchangeResult = await self._call(call)
+        return result
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
         data = await self._run("GET_RESPONSE", tenant, response_id)
@@ -332,17 +362,23 @@ class RedisStore:
         }
         tail = orjson.dumps(fields)[1:]
         span = f"{prefix.path_hashes[-1]}:{summary.start_unit}"
+        wanted: set[int] | None = None
         while True:
             spec = codec.Specs(known)
             out = await self._run(
                 "SAVE_SUMMARY", session.tenant, session.key, repr(now), self._ttl_ms,
                 str(prefix.session_id or ""), spec.parent, len(known), span, tail,
                 spec(len(covered) - 1),
-                *codec.triples(covered, prefix.path_hashes, len(known), now),
+                *codec.quadruples(
+                    covered, prefix.path_hashes, len(known), now, wanted, self._index
+                ),
             )  # fmt: skip
             if out[0] == b"stale":
                 self._chains.forget(session)
-                known = ()
+                known, wanted = (), None
+                continue
+            if out[0] == b"words":
+                wanted = {int(n) for n in out[1:]}
                 continue
             return StoredSummary(**orjson.loads(out[1]))
 
@@ -376,5 +412,3 @@ _READ_SCRIPTS = (
     "DELETE_RESPONSE",
     "SUMMARIES",
 )
-# RECORD's arguments 9-21 for a write without items.
-_NO_CHAIN = ("", "", 0, 0, "n", "n", "n", "", "n", "", "", "n", 0)

@@ -7,7 +7,7 @@ resolves (see ``Specs``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -44,15 +44,43 @@ class Specs:
         return f"s{position - len(self.known) + 1}"
 
 
-def triples(
-    chain: Sequence[MessageIn], paths: Sequence[str], skip: int, now: float
+# Longer suffixes (a history this instance has not cached) go first without
+# their words: the script says which items are new, and only those are stemmed.
+EAGER_WORDS = 4
+
+
+# An item's recall index entry, "<length> word:tf word:tf ..." ('' for none).
+Words = Callable[[Mapping[str, Any]], str]
+
+
+def quadruples(
+    chain: Sequence[MessageIn],
+    paths: Sequence[str],
+    skip: int,
+    now: float,
+    wanted: Container[int] | None,
+    index: Words | None,
 ) -> list[str | bytes | int]:
-    """The count, then (path hash, tokens, item JSON) of each item after the first ``skip``."""
+    """The count, then (path hash, tokens, item JSON, words) of each item after the first ``skip``.
+
+    The words (``index``; none without one) are the item's recall index
+    entry, written only if the item is new: computed for the n-th item sent
+    (from 1) if ``n`` is ``wanted`` (all when None), else sent as '?' (not computed).
+    """
+    if index is None:
+        wanted, index = None, _no_words
+    elif wanted is None and len(chain) - skip > EAGER_WORDS:
+        wanted = ()
     out: list[str | bytes | int] = [len(chain) - skip]
-    for m, path in zip(chain[skip:], paths[skip:], strict=True):
+    for n, (m, path) in enumerate(zip(chain[skip:], paths[skip:], strict=True), start=1):
         item = [path, m.content_hash, m.role, m.token_count, m.status, now, m.message]
-        out += (path, str(m.token_count or 0), orjson.dumps(item))
+        words = index(m.message) if wanted is None or n in wanted else "?"
+        out += (path, str(m.token_count or 0), orjson.dumps(item), words)
     return out
+
+
+def _no_words(message: Mapping[str, Any]) -> str:
+    return ""
 
 
 def row_head(record: RequestRecord, tenant: str, key: str | None, created_at: float) -> bytes:

@@ -12,11 +12,14 @@ session's name: tenant and key, length-prefixed so no key can forge another):
 
     P n:N      string  the session id of name N
     P s:S      hash    t tenant, k key, c created, u updated, h head item id,
-                       n item count, w stored tokens
+                       n item count, w stored tokens, f newest fencing token
     P p:S      hash    path hash -> item id
     P a:S      hash    item id -> parent item id ('' for a root)
     P i:S      hash    item id -> the item as JSON (path hash, content hash,
                        role, tokens, status, created, message)
+    P x:S      hash    word (stemmed) -> its postings: "item id,tf,length,position;"...
+                       (the recall index, when one is kept; s:S holds xn items indexed,
+                       xl their length)
     P m:S      hash    summary id -> the summary as JSON
     P g:S      hash    "covered path hash:start unit" -> summary id (one per range)
     P o:S      hash    response id -> the response row as JSON
@@ -46,7 +49,7 @@ local function nm(tenant, key) return #tenant .. ':' .. tenant .. ':' .. key end
 -- A session in the updated-time sets: its id, zero-padded so ties sort by id, and tenant.
 local function member(sid, tenant) return string.format('%015d', tonumber(sid)) .. ':' .. tenant end
 local function member_sid(m) return tostring(tonumber(string.sub(m, 1, 15))) end
-local SESSION_KEYS = {'s:', 'p:', 'a:', 'i:', 'm:', 'g:', 'o:', 'e:'}
+local SESSION_KEYS = {'s:', 'p:', 'a:', 'i:', 'x:', 'm:', 'g:', 'o:', 'e:'}
 
 local function live_sid(name)
   local sid = redis.call('GET', P .. 'n:' .. name)
@@ -120,20 +123,36 @@ local function touch(sid, tenant, now)
   redis.call('ZADD', P .. 'upd:' .. tenant, now, member(sid, tenant))
 end
 
--- Store the chain's items from ARGV[base] on (path, tokens, json triples), the
--- first one a child of ``parent``; ``first`` is its position in the whole
--- chain, ``conv`` how many of the chain's items are the conversation.
+-- A new item's words in the session's inverted index: one posting per word
+-- ("item id,term frequency,item length,position;"), appended in this same script.
+local function index_item(sid, id, position, terms)
+  if terms == '' then return end
+  local length, words = string.match(terms, '^(%d+)(.*)$')
+  local index = P .. 'x:' .. sid
+  local entry = id .. ',%s,' .. length .. ',' .. position .. ';'
+  for word, tf in string.gmatch(words, ' ([^ :]+):(%d+)') do
+    local posting = redis.call('HGET', index, word) or ''
+    redis.call('HSET', index, word, posting .. string.format(entry, tf))
+  end
+  redis.call('HINCRBY', P .. 's:' .. sid, 'xn', 1)
+  redis.call('HINCRBY', P .. 's:' .. sid, 'xl', length)
+end
+
+-- Store the chain's items from ARGV[base] on (path, tokens, json, words
+-- quadruples), the first one a child of ``parent``; ``first`` is its position
+-- in the whole chain, ``conv`` how many of the chain's items are the conversation.
 local function store_chain(sid, parent, first, count, base, conv)
   local paths, parents, items = P .. 'p:' .. sid, P .. 'a:' .. sid, P .. 'i:' .. sid
   local ids, new, added, tokens = {}, 0, 0, 0
   for i = 1, count do
-    local j = base + 3 * (i - 1)
+    local j = base + 4 * (i - 1)
     local id = redis.call('HGET', paths, ARGV[j])
     if not id then
       id = tostring(redis.call('INCR', P .. 'seq:i'))
       redis.call('HSET', paths, ARGV[j], id)
       redis.call('HSET', parents, id, parent)
       redis.call('HSET', items, id, ARGV[j + 2])
+      index_item(sid, id, first + i - 1, ARGV[j + 3])
       added = added + 1
       tokens = tokens + tonumber(ARGV[j + 1])
       if first + i - 1 < conv then new = new + 1 end
@@ -146,6 +165,21 @@ local function store_chain(sid, parent, first, count, base, conv)
     redis.call('HINCRBY', P .. 's:' .. sid, 'w', tokens)
   end
   return ids, new
+end
+
+-- The items sent without their words ('?') that the session does not have:
+-- the caller computes words only for those (a resent history is mostly known).
+local function unindexed(sid, count, base)
+  local out = {}
+  for i = 1, count do
+    local j = base + 4 * (i - 1)
+    if ARGV[j + 3] == '?' then
+      if not (sid and redis.call('HEXISTS', P .. 'p:' .. sid, ARGV[j]) == 1) then
+        out[#out + 1] = i
+      end
+    end
+  end
+  return out
 end
 
 -- An item id given as 'k<id>' (known to the caller), 's<n>' (the n-th item
@@ -186,8 +220,11 @@ end
 # length, 13-16 first, last, reply item and dropped (comma-separated) specs,
 # 17 the new head's spec, 18 response id, 19 the response row's JSON without
 # its id fields and closing brace, 20 the response's input head spec,
-# 21 how many items follow, 22... (path hash, tokens, item JSON) triples.
-# Returns {'dup'}, {'stale'} (the cached session is gone: resend it all) or
+# 21 the session lock's fencing token ('' for none), 22 how many items
+# follow, 23... (path hash, tokens, item JSON, words) quadruples.
+# Returns {'dup'}, {'fenced'} (a newer lock holder has written), {'stale'}
+# (the cached session is gone: resend it all), {'words', n...} (the n-th
+# items sent are new: resend with their words) or
 # {'ok', session id or '', new messages, id of each item sent...}.
 RECORD = (
     "#!lua\n"
@@ -218,9 +255,19 @@ end
 local sid = live_sid(name)
 local known = tonumber(ARGV[11])
 if known > 0 and ARGV[9] ~= sid then return {'stale'} end
+-- A session-lock fencing token older than one written before: that lock was lost.
+local fence = ARGV[21]
+if fence ~= '' and sid then
+  if tonumber(fence) < tonumber(redis.call('HGET', P .. 's:' .. sid, 'f') or '0') then
+    return {'fenced'}
+  end
+end
+local missing = unindexed(sid, tonumber(ARGV[22]), 23)
+if #missing > 0 then return {'words', unpack(missing)} end
 if not sid then sid = new_session(tenant, key, now) end
 touch(sid, tenant, now)
-local ids, new = store_chain(sid, ARGV[10], known, tonumber(ARGV[21]), 22, tonumber(ARGV[12]))
+if fence ~= '' then redis.call('HSET', P .. 's:' .. sid, 'f', fence) end
+local ids, new = store_chain(sid, ARGV[10], known, tonumber(ARGV[22]), 23, tonumber(ARGV[12]))
 local head = resolve(ARGV[17], ids)
 if head then redis.call('HSET', P .. 's:' .. sid, 'h', head) end
 write_row(name, rid, ARGV[8], sid, ids, specs, ttl)
@@ -249,7 +296,7 @@ return out
 # 7 parent of the first item sent, 8 items known (not sent), 9 the range
 # ("covered path hash:start unit"), 10 the summary's JSON without its opening
 # brace and id fields, 11 the covered item's spec, 12 how many items follow,
-# 13... triples. Returns {'stale'} or {'ok', summary JSON} (the stored one
+# 13... quadruples. Returns {'stale'}, {'words', n...} or {'ok', summary JSON} (the stored one
 # when the range had one already: the first writer wins).
 SAVE_SUMMARY = (
     "#!lua\n"
@@ -261,6 +308,8 @@ local name = nm(tenant, key)
 local sid = live_sid(name)
 local known = tonumber(ARGV[8])
 if known > 0 and ARGV[6] ~= sid then return {'stale'} end
+local missing = unindexed(sid, tonumber(ARGV[12]), 13)
+if #missing > 0 then return {'words', unpack(missing)} end
 local created = false
 if not sid then
   -- Created if new (updated now); an existing session's activity time does not move.

@@ -148,3 +148,17 @@ def test_the_compose_files_proxy_config_is_valid(monkeypatch: pytest.MonkeyPatch
     assert backend_name(config.store.url) == "postgresql"
     assert config.coordination.redis_url == "redis://redis:6379/0"
     assert compose["services"]["proxy-b"]["ports"] != compose["services"]["proxy-a"]["ports"]
+
+
+def test_a_redis_store_takes_a_key_prefix_and_only_a_redis_store_does() -> None:
+    redis_store = {"url": "redis://cache:6379/1", "key_prefix": "team-a:store"}
+    config = parse_config(base(store=redis_store, coordination={"single_instance": True}))
+    assert config.store.key_prefix == "team-a:store"
+    assert parse_config(base()).store.key_prefix == "ctxproxy:store"
+    for store, message in (
+        ({"url": PG, "key_prefix": "x"}, "applies to a redis:// store only"),
+        ({"url": "redis://cache:6379/1", "key_prefix": "a b"}, "must be 1-64 of"),
+    ):
+        with pytest.raises(ConfigError, match=message) as info:
+            parse_config(base(store=store, coordination={"single_instance": True}))
+        assert str(info.value).startswith("store.key_prefix")

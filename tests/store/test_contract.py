@@ -371,3 +371,48 @@ def test_any_exchange_sequence_stores_each_distinct_prefix_once(
 
     with tempfile.TemporaryDirectory() as directory:
         asyncio.run(run(Path(directory)))
+
+
+# -- behaviour the cases above leave open, pinned so every backend agrees --------
+
+
+async def test_a_request_without_a_session_that_names_one_is_listed_under_that_name(
+    store: Store,
+) -> None:
+    await store.record_exchange(ALICE, [U1], A1, req())
+    named = req()  # no SessionRef given, but the row names ALICE's key
+    assert await store.record_exchange(None, [U2], None, named) is None
+
+    rows = await store.requests(ALICE)
+    assert [(r["id"], r["session_id"]) for r in rows][1:] == [(named.id, None)]
+    info = await store.get_session(ALICE)
+    assert info is not None and (info.request_count, info.item_count) == (2, 2)
+
+
+async def test_requests_are_ordered_by_their_time_then_by_the_order_written(store: Store) -> None:
+    late, early, tie = req(created_at=2_000.0), req(created_at=1_500.0), req(created_at=2_000.0)
+    for record in (late, early, tie):
+        await store.record_exchange(ALICE, [U1], A1, record)
+
+    assert [r["id"] for r in await store.requests(ALICE)] == [early.id, late.id, tie.id]
+
+
+async def test_sessions_active_at_the_same_time_list_the_newest_first(
+    store: Store, clock: Callable[[float], None]
+) -> None:
+    for key in ("a", "b", "c"):
+        await store.record_exchange(SessionRef("t", key), [U1], None, req("t", session_key=key))
+
+    listed = await store.list_sessions()
+    assert [s.key for s in listed] == ["c", "b", "a"]
+    assert [s.id for s in listed] == sorted((s.id for s in listed), reverse=True)
+
+
+async def test_stored_tokens_count_each_distinct_item_once(store: Store) -> None:
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    await store.record_exchange(ALICE, [SYSTEM, U1, A1, U2], None, req())  # resent: 1 new
+    await store.record_exchange(ALICE, [SYSTEM, msg("user", "fork", tokens=10)], None, req())
+
+    info = await store.get_session(ALICE)
+    assert info is not None
+    assert (info.item_count, info.stored_tokens) == (5, 4 * 3 + 10)

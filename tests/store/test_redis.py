@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from proxy.store.base import ResponseIn, SessionRef, SummaryIn
+from proxy.store.base import FencedOut, ResponseIn, SessionRef, SummaryIn
 from proxy.store.redis import RedisStore, RedisStoreError
-from tests.stores import ALICE, ScratchRedisStore, msg, req, require_redis
+from tests.servers import require_redis
+from tests.stores import ALICE, ScratchRedisStore, msg, req
 
 SYSTEM, U1, A1, U2 = (
     msg("system", "s"),
@@ -226,3 +227,55 @@ async def test_an_unreachable_redis_fails_open_with_the_address() -> None:
         await store.open()
     with pytest.raises(RuntimeError, match="not open"):
         await store.history(ALICE)
+
+
+async def test_a_write_with_an_older_fencing_token_is_refused_and_leaves_nothing(
+    open_store: Opener,
+) -> None:
+    first = await open_store()
+    second = await open_store(prefix=first.prefix)
+    await first.record_exchange(ALICE, [U1], A1, req(detail={"fence": 200}))
+    before = await first.get_session(ALICE)
+    stale = req(detail={"fence": 100})  # a holder whose lease ran out, writing late
+    with pytest.raises(FencedOut):
+        await second.record_exchange(ALICE, [U1, A1, msg("user", "late")], A1, stale)
+    assert await first.get_session(ALICE) == before
+    assert await first.request(stale.id) is None
+    # The current holder (same or newer token) writes as usual.
+    same = await second.record_exchange(ALICE, [U1, A1, U2], None, req(detail={"fence": 200}))
+    newer = await second.record_exchange(
+        ALICE, [U1, A1, U2, msg("user", "now")], None, req(detail={"fence": 300})
+    )
+    assert same is not None and newer is not None and newer.new_messages == 1
+    with pytest.raises(FencedOut):
+        await first.record_exchange(ALICE, [U1], None, req(detail={"fence": 200}))
+
+
+async def test_exchanges_queued_together_go_out_in_one_pipeline_and_retry_in_the_next(
+    open_store: Opener,
+) -> None:
+    a = await open_store()
+    b = await open_store(prefix=a.prefix)  # cold: must send whole histories, words on demand
+    refs = [SessionRef("t", f"s{i}") for i in range(12)]
+    chats = {r: [msg("user", f"{r.key} {n}") for n in range(8)] for r in refs}
+    for ref in refs:
+        await a.record_exchange(ref, chats[ref], None, req("t", session_key=ref.key))
+    results = await asyncio.gather(
+        *(
+            b.record_exchange_soon(
+                ref, [*chats[ref], msg("user", "new")], A1, req("t", session_key=ref.key)
+            )
+            for ref in refs
+        )
+    )
+    assert [r.new_messages for r in results if r is not None] == [1] * 12
+    for ref in refs:
+        assert len(await a.history(ref)) == 10
+
+
+async def test_a_script_redis_lost_is_loaded_again(open_store: Opener) -> None:
+    store = await open_store()
+    # As after a Redis restart: the script's hash is unknown to the server.
+    store._scripts["RECORD"].sha = "0" * 40
+    assert await store.record_exchange(ALICE, [U1], A1, req()) is not None
+    assert [h.message for h in await store.history(ALICE)] == [U1.message, A1.message]

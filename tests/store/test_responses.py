@@ -198,3 +198,19 @@ async def test_rejected_response_leaves_nothing_behind(store: Store) -> None:
 
     assert await store.get_response(ALICE.tenant, "resp_1") is None
     assert raw(await store.history(ALICE)) == raw([user("x")])
+
+
+async def test_a_remapped_response_survives_the_deletion_of_its_first_session(
+    store: Store,
+) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    elsewhere = SessionRef(ALICE.tenant, "elsewhere")
+    await store.record_response(elsewhere, [user("new")], [said("x", 9)], resp("resp_1"), req())
+
+    assert await store.delete_session(ALICE)
+    stored = await store.get_response(ALICE.tenant, "resp_1")
+    assert stored is not None and stored.session_key == "elsewhere"
+    assert await store.response_exists("resp_1")
+    assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(
+        [user("new"), said("x", 9)]
+    )
