@@ -48,10 +48,8 @@ class RecallSpec:
     share: float | None = None
     # Turns before and after each hit brought with it.
     neighbors: int = 1
-    # "none": lexical search only; "wordllama": lexical and semantic, fused.
+    # "none": lexical search (the only one built so far).
     embeddings: str = "none"
-    # Weight of the semantic score in the fused score (0: lexical only).
-    semantic_weight: float = 0.3
     # Hits the index is asked for.
     candidates: int = 40
 

@@ -11,7 +11,9 @@ from proxy.config.node import Node
 from proxy.errors import ConfigError
 
 RECALL_KEYS = frozenset({"max_tokens", "share", "neighbors", "embeddings", "candidates"})
-EMBEDDINGS = ("none", "wordllama")
+# Lexical search only so far: semantic search (wordllama) is not built yet, and
+# a config that asks for it is refused rather than silently served without it.
+EMBEDDINGS = ("none",)
 
 
 def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
@@ -38,6 +40,11 @@ def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
             raise ConfigError(node.path, "needs max_tokens (the policy has no token budget)")
         share = 0.3
     embeddings = node.text("embeddings", "none") or "none"
+    if embeddings == "wordllama":
+        raise ConfigError(
+            node.at("embeddings"),
+            "semantic recall (wordllama) is not available in this version; use none",
+        )
     if embeddings not in EMBEDDINGS:
         raise ConfigError(
             node.at("embeddings"), f"must be one of {', '.join(EMBEDDINGS)}; got {embeddings!r}"

@@ -68,7 +68,11 @@ def test_no_recall_block_means_no_recall():
         ),
         (
             {"strategy": "trim", "max_tokens": 99, "recall": {"embeddings": "bert"}},
-            "policies.p.recall.embeddings: must be one of none, wordllama; got 'bert'",
+            "policies.p.recall.embeddings: must be one of none; got 'bert'",
+        ),
+        (
+            {"strategy": "trim", "max_tokens": 99, "recall": {"embeddings": "wordllama"}},
+            "policies.p.recall.embeddings: semantic recall (wordllama) is not available",
         ),
         (
             {"strategy": "trim", "max_tokens": 99, "recall": {"neighbours": 1}},
