@@ -70,3 +70,18 @@ def start_proxy(
     yield start
     for proxy in started:
         proxy.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name each test skipped for want of ../shared/data (``-rs`` gives only the reason)."""
+    from tests.shared_data import REASON
+
+    skipped = [
+        r.nodeid
+        for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r.longrepr, tuple) and REASON in str(r.longrepr[2])
+    ]
+    if skipped:
+        terminalreporter.section(f"{len(skipped)} tests skipped: ../shared/data is absent")
+        for nodeid in skipped:
+            terminalreporter.line(nodeid)

@@ -23,10 +23,7 @@ def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
     """
     if node.raw("recall") is None:
         return None
-    if node.raw("recall") is True:
-        node = Node(node.at("recall"), {}, set(RECALL_KEYS))
-    else:
-        node = node.child("recall", set(RECALL_KEYS))
+    node = node.child("recall", set(RECALL_KEYS))
     max_tokens = node.integer("max_tokens", minimum=16)
     share = node.number("share", high=0.9)
     if max_tokens is not None and share is not None:
