@@ -52,6 +52,7 @@ bench: $(DEV)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/cache.py
+	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/recall.py
 
 # After a change to the dependencies in pyproject.toml: pins what is new, keeps

@@ -9,8 +9,6 @@ proxy/ops/cli.py).
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -37,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     serve_p.add_argument("--config", required=True, help="path to the YAML config")
     serve_p.add_argument("--host", help="override server.host")
     serve_p.add_argument("--port", type=int, help="override server.port")
+    serve_p.add_argument(
+        "--drain-s",
+        type=float,
+        default=2.0,
+        help="on SIGTERM, answer /readyz 503 this long before stopping (default 2)",
+    )
     check_p = sub.add_parser("check", help="validate a config file: every problem, then exit")
     check_p.add_argument("--config", required=True, help="path to the YAML config")
     schema_p = sub.add_parser("schema", help="print the config file's JSON Schema")
@@ -58,36 +62,15 @@ def _load(path: str) -> Config | None:
         return None
 
 
-def serve(config: Config, host: str | None, port: int | None) -> None:
-    import uvicorn
-
-    from proxy.app import create_app
+def serve(config: Config, host: str | None, port: int | None, drain_s: float) -> int:
+    from proxy.ops.server import serve as run
     from proxy.telemetry.logging import configure_logging
 
     configure_logging(config.logging.level, config.logging.format)
-    app = create_app(config)
-    # What is built by now lives as long as the process: move it out of the
-    # collector's sight, and collect less often. Each full collection would
-    # otherwise pause the event loop for 10 ms or more (litellm alone brings
-    # hundreds of thousands of objects). Here, not in create_app: a process
-    # that builds many apps (the tests) must not freeze each one's garbage.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(7000, 10, 10)
-    uvicorn.run(
-        app,
-        host=host or config.server.host,
-        port=port or config.server.port,
-        # The fast event loop and HTTP parser, named: "auto" would fall back to
-        # the slow ones silently. uvloop is not installed on Windows.
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        date_header=False,
-        timeout_graceful_shutdown=30,
-    )
+    try:
+        return run(config, host, port, drain_s=drain_s)
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful stop
+        return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,8 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in describe(config):
             print(f"  {line}")
         return 0
-    serve(config, ns.host, ns.port)
-    return 0
+    return serve(config, ns.host, ns.port, ns.drain_s)
 
 
 def console() -> None:

@@ -11,22 +11,25 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.chat.pipeline import chat_completions
 from proxy.config.model import Config
 from proxy.context.calibration import Calibration
-from proxy.context.model_info import context_window, offline_environment
+from proxy.context.model_info import load_model_map, offline_environment
 from proxy.context.tokens import preload_encodings
 from proxy.coordination.setup import build_coordinator
 from proxy.errors import InvalidRequest, NotFound, ProxyError
-from proxy.http.body import error_response, forward_headers, relay_headers
+from proxy.http.body import error_response
 from proxy.http.guard import ErrorGuard
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
+from proxy.ops.health import Lifecycle, WarmUpGate, healthz, readyz
 from proxy.ops.preview import context_preview
 from proxy.ops.reload import Reloader
+from proxy.passthrough.models import models
+from proxy.passthrough.relay import relay
 from proxy.responses.pipeline import create_response
 from proxy.responses.stored import delete_response, list_input_items, retrieve_response
 from proxy.runtime import Runtime, build_store_for, build_upstream
@@ -34,45 +37,11 @@ from proxy.store.backends import backend_name
 from proxy.store.base import Store
 from proxy.telemetry.logging import get_logger
 from proxy.telemetry.metrics import metrics_endpoint
-from proxy.upstream.base import Upstream, UpstreamRequest
+from proxy.upstream.base import Upstream
 
 log = get_logger()
 
-
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def models(request: Request) -> Response:
-    """GET /v1/models[/{id}]: passed through to the upstream that serves that path."""
-    runtime: Runtime = request.app.state.runtime
-    # Pinned: a reload must not close the upstream while this call uses it.
-    rt = runtime.pin()
-    try:
-        return await _models(request, rt)
-    finally:
-        rt.release()
-
-
-async def _models(request: Request, rt: Runtime) -> Response:
-    route = rt.router.for_path(request.url.path) or next(
-        (r for r in rt.config.routes if rt.config.upstreams[r.upstream].base_url), None
-    )
-    if route is None:
-        raise NotFound("No OpenAI-compatible upstream is configured to list models.")
-    config = rt.config.upstreams[route.upstream]
-    response = await rt.upstreams[route.upstream].send(
-        UpstreamRequest(
-            method="GET",
-            path=request.url.path.removeprefix("/v1"),
-            headers=forward_headers(request.headers.items(), config, rt.config.session.header),
-            query=request.url.query,
-        )
-    )
-    content = await response.read()
-    out = Response(content, status_code=response.status)
-    out.raw_headers = relay_headers(response.headers, {"content-length": str(len(content))})
-    return out
+RELAYED_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
@@ -113,21 +82,35 @@ def create_app(
         else {name: build_upstream(u) for name, u in config.upstreams.items()},
     )
 
+    lifecycle = Lifecycle()
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         await runtime.store.open()
         await runtime.coordinator.open()
-        # The bundled encodings take a second to load: in a thread now, not on a request.
-        await asyncio.to_thread(preload_encodings)
         if runtime.rewriter.needs_model_info():
-            # Import litellm's model map now, off the event loop, not on a request.
-            await asyncio.to_thread(context_window, "gpt-4o")
+            # Read litellm's model map now (~30 ms, not litellm itself), off the event loop.
+            await asyncio.to_thread(load_model_map)
+
+        async def warm_up() -> None:
+            # The bundled encodings take a second of CPU to load: in a thread, while
+            # the socket binds, never on a request. /healthz answers meanwhile;
+            # /readyz only once they are loaded.
+            try:
+                await asyncio.to_thread(preload_encodings)
+            except Exception as exc:  # requests load them (and fail) on their own then
+                log.error("warm_up_failed", error=repr(exc))
+            finally:
+                lifecycle.set_started()  # never leave a gated request waiting
+
+        warming = asyncio.create_task(warm_up(), name="warm-up")
         expiry = Expiry(runtime)
         expiry.start()
         reloader = Reloader(runtime, config.source)
         reloader.install()
-        log.info(
-            "proxy_started",
+        # proxy_started (with the address) comes once the socket is bound: proxy.ops.server.
+        log.debug(
+            "app_started",
             routes=len(config.routes),
             config=config.source,
             store=backend_name(config.store.url),
@@ -136,6 +119,7 @@ def create_app(
         try:
             yield {}
         finally:
+            await warming  # a thread cannot be cancelled: let it finish (a second at most)
             reloader.uninstall()
             await expiry.stop()
             await runtime.close()
@@ -151,16 +135,20 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             *ADMIN_ROUTES,
+            # Last: every other /v1/... endpoint (and method) is relayed unchanged.
+            Route("/v1/{path:path}", relay, methods=RELAYED_METHODS),
         ],
         exception_handlers={
             ProxyError: _proxy_error,
             HTTPException: _http_error,
         },
         # Unexpected errors: answered inside Starlette's own last resort (which re-raises).
-        middleware=[Middleware(ErrorGuard)],
+        middleware=[Middleware(ErrorGuard), Middleware(WarmUpGate, lifecycle=lifecycle)],
         lifespan=lifespan,
     )
     app.state.runtime = runtime
+    app.state.lifecycle = lifecycle
     return app

@@ -31,6 +31,7 @@ def build_upstream(config: UpstreamConfig) -> Upstream:
             config.base_url,
             timeout_s=config.timeout_s,
             connect_timeout_s=config.connect_timeout_s,
+            name=config.name,
         )
     from proxy.upstream.provider import LitellmUpstream
 
@@ -40,6 +41,7 @@ def build_upstream(config: UpstreamConfig) -> Upstream:
         api_base=config.api_base,
         api_key=config.api_key,
         timeout_s=config.timeout_s,
+        name=config.name,
     )
 
 

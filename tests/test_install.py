@@ -17,6 +17,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
+RELOCK = (
+    "run `make lock` (it makes ./.venv if missing and installs uv there; no other venv is touched) "
+    "and commit requirements.lock and requirements-dev.lock"
+)
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
 
 
@@ -50,10 +54,10 @@ def test_the_lock_pins_every_dependency_of_pyproject(lock, groups):
         for spec in project()[group]:
             req = Requirement(spec)
             name = canonicalize_name(req.name)
-            assert name in pinned, f"{req.name} is not in {lock}: run `make lock`"
+            assert name in pinned, f"{req.name} is not in {lock}: {RELOCK}"
             assert req.specifier.contains(pinned[name], prereleases=True), (
                 f"{lock} pins {req.name}=={pinned[name]}, pyproject.toml wants {req.specifier}: "
-                "run `make lock`"
+                f"{RELOCK}"
             )
 
 

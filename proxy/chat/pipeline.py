@@ -602,7 +602,8 @@ class ChatExchange:
             self.rt.calibration.observe_usage(r.model, r.tokens_after, r.usage)
 
     def _log(self, r: RequestRecord) -> None:
-        log.info(
+        # A 5xx is the proxy's or the upstream's failure: warning, so alerts can key on level.
+        (log.warning if r.status >= 500 else log.info)(
             "request_completed",
             request_id=r.id,
             session=r.session_key,

@@ -88,7 +88,9 @@ async def summarize(
             count=count,
         )
 
-    ctx = SummaryContext(ref, spec, conversation, hashes, count, budget, summarizer)
+    ctx = SummaryContext(
+        ref, spec, conversation, hashes, count, budget, summarizer, route=route.name
+    )
     try:
         outcome = await rt.summaries.decide(ctx, dry_run=dry_run)
     except ContextTooLong as exc:

@@ -46,6 +46,7 @@ from policies.types import (
 )
 from proxy.background import Background
 from proxy.config.model import UpstreamConfig
+from proxy.context.circuit import Breaker
 from proxy.context.summarizer import (
     EXTRACTIVE_MODEL,
     ExtractiveSummarizer,
@@ -84,6 +85,8 @@ class SummaryContext:
     budget: Budget
     # Builds the summarizer, only when one is needed.
     summarizer: Callable[[], Summarizer]
+    # The route's name: the summarizer's circuit breaker is per route.
+    route: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,12 +127,16 @@ class SummaryService:
         metrics: Metrics,
         *,
         flights: Flights | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         self.store = store
         self.background = background
         self.metrics = metrics
         self.flights = flights
         self._inflight: dict[_Key, asyncio.Task[_Result]] = {}
+        # Repeated failures of a route's summarizer stop its calls for a while.
+        self.breaker = breaker or Breaker()
+        self.breaker.register(metrics)
 
     @property
     def inflight(self) -> int:
@@ -160,6 +167,9 @@ class SummaryService:
         running = self._inflight.get(key)
         joined = running is not None
         if running is None:
+            if not self.breaker.allow(ctx.route):
+                # The circuit is open: no call, straight to the fallback.
+                return SummaryOutcome(backup, "fallback", fallback="summarizer_unavailable")
             running = self._start(key, ctx, task, paths)
         started = time.perf_counter()
         try:
@@ -195,7 +205,7 @@ class SummaryService:
         if task is None:
             return
         key = (ctx.ref, task.start_unit, paths[task.end - 1])
-        if key not in self._inflight:
+        if key not in self._inflight and self.breaker.allow(ctx.route):
             ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes)
             await self._start(key, ahead, task, paths, prefetched=True)
 
@@ -251,20 +261,20 @@ class SummaryService:
                     self.flights, self.store, ctx.ref, task, paths, ctx.spec.summarizer.timeout_s
                 )
                 if isinstance(claimed, SummaryFailed):
-                    return self._failed(claimed, fields, started)
+                    return self._failed(claimed, fields, started, ctx.route)
                 if not isinstance(claimed, Claim):
                     return claimed  # another instance made it
                 claim = claimed
             try:
-                stored, output, flagged = await self._summarize(ctx, task)
+                stored, output, flagged = await self._summarize(ctx, task, fields)
             finally:
                 if claim is not None:
                     await claim.done()
         except SummaryFailed as exc:
-            return self._failed(exc, fields, started)
+            return self._failed(exc, fields, started, ctx.route)
         except Exception as exc:  # the boundary: a summary is optional, the request is not
             log.error("summary_error", error=repr(exc), exc_info=exc, **fields)
-            return self._failed(SummaryFailed("error", repr(exc)), fields, started)
+            return self._failed(SummaryFailed("error", repr(exc)), fields, started, ctx.route)
         ms = round((time.perf_counter() - started) * 1000, 2)
         self.metrics.count_summary("made")
         log.info("summary_made", summary_id=stored.id, ms=ms, usage=output.usage, **fields)
@@ -275,11 +285,12 @@ class SummaryService:
         return stored
 
     async def _summarize(
-        self, ctx: SummaryContext, task: SummaryTask
+        self, ctx: SummaryContext, task: SummaryTask, fields: dict[str, Any]
     ) -> tuple[StoredSummary, Any, list[str]]:
         """Call the summarizer and store what it made (raises SummaryFailed)."""
         assert ctx.ref is not None and ctx.hashes is not None
         summarizer = ctx.summarizer()
+        fields["counted"] = summarizer.model != EXTRACTIVE_MODEL  # offline: never "down"
         previous = task.previous
         output = await summarizer.summarize(
             SummaryRequest(
@@ -288,6 +299,8 @@ class SummaryService:
                 max_tokens=task.max_tokens,
             )
         )
+        if fields.pop("counted"):
+            self.breaker.success(ctx.route)  # it answered (what follows is ours)
         source = [message_text(ctx.messages[i]) for i in task.source]
         if previous is not None:
             source += [previous.text, *(f.value for f in previous.facts)]
@@ -312,7 +325,11 @@ class SummaryService:
         )
         return stored, output, flagged
 
-    def _failed(self, exc: SummaryFailed, fields: dict[str, Any], started: float) -> SummaryFailed:
+    def _failed(
+        self, exc: SummaryFailed, fields: dict[str, Any], started: float, route: str
+    ) -> SummaryFailed:
+        if fields.pop("counted", False):
+            self.breaker.failure(route)
         self.metrics.count_summary("failed")
         ms = round((time.perf_counter() - started) * 1000, 2)
         log.warning("summary_failed", reason=exc.reason, detail=exc.detail, ms=ms, **fields)

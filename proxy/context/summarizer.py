@@ -1,10 +1,12 @@
 """Who writes a summary's text: a model through a configured upstream, or an offline stand-in.
 
-The LLM summarizer sends one chat completion (temperature 0, bounded
-``max_tokens``, no stream) through the same :class:`~proxy.upstream.base.Upstream`
-the routes use, so an OpenAI-compatible upstream gets a plain POST to
-``/chat/completions`` and a ``litellm_model`` upstream is translated by
-litellm. Anything but a non-empty answer within the timeout is a
+The LLM summarizer sends one chat completion (no stream; temperature 0 and
+``max_tokens``, or for a reasoning model, which rejects both,
+``max_completion_tokens`` and a low reasoning effort: see
+:func:`proxy.context.model_info.completion_params`) through the same
+:class:`~proxy.upstream.base.Upstream` the routes use, so an OpenAI-compatible
+upstream gets a plain POST to ``/chat/completions`` and a ``litellm_model``
+upstream is translated by litellm. Anything but a non-empty answer within the timeout is a
 :class:`SummaryFailed` with a reason (``timeout``, ``error``, ``empty``): the
 caller falls back to trimming and stores nothing.
 
@@ -25,6 +27,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.context.model_info import completion_params
 from proxy.errors import ProxyError
 from proxy.upstream.base import Upstream, UpstreamRequest
 
@@ -141,8 +144,7 @@ class LLMSummarizer:
         body = {
             "model": self.model,
             "messages": request_messages(self.prompt, request),
-            "temperature": 0,
-            "max_tokens": request.max_tokens,
+            **completion_params(self.model or "", request.max_tokens),
             "stream": False,
         }
         try:

@@ -46,6 +46,10 @@ class Router:
             code="route_not_found",
         )
 
+    def needs_model(self, path: str) -> bool:
+        """Whether a route for this path matches on the model (so the body must be read first)."""
+        return any(r.model is not None and r.path(path) is not None for r in self._routes)
+
     def for_path(self, path: str) -> RouteConfig | None:
         """The first route whose path matches, whatever its model (for GET endpoints)."""
         for r in self._routes:

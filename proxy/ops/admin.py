@@ -114,6 +114,8 @@ async def _session(request: Request, rt: Runtime) -> Response:
     if request.method == "DELETE":
         if not await rt.store.delete_session(ref):
             raise _no_session(ref)
+        # A new session of that name starts with nothing cached.
+        rt.prefixes.forget(ref)
         return _json(
             {"object": "session.deleted", "tenant": ref.tenant, "key": ref.key, "deleted": True}
         )

@@ -14,7 +14,7 @@ import signal
 
 from proxy.config.loader import load_config
 from proxy.config.model import Config
-from proxy.context.model_info import context_window
+from proxy.context.model_info import load_model_map
 from proxy.context.rewriter import Rewriter
 from proxy.errors import ConfigError, ConfigErrors
 from proxy.runtime import Runtime
@@ -56,8 +56,8 @@ class Reloader:
         rt = self.runtime
         old_logging = rt.config.logging
         if Rewriter(config.policies).needs_model_info():
-            # Import litellm's model map now, off the event loop, not on a request.
-            await asyncio.to_thread(context_window, "gpt-4o")
+            # Read litellm's model map now (~30 ms, not litellm itself), off the event loop.
+            await asyncio.to_thread(load_model_map)
         restart = rt.reload(config)
         if config.logging != old_logging:
             configure_logging(config.logging.level, config.logging.format)

@@ -53,6 +53,7 @@ from proxy.responses.items import (
     item_hash,
     item_role,
 )
+from proxy.responses.previous_id import PutBackStream, put_back
 from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
 from proxy.runtime import Runtime
@@ -231,7 +232,11 @@ class ResponsesExchange(ChatExchange):
         except ProxyError as error:
             self._finish_failed(error.status, error, upstream_status=response.status)
             return error_response(error, self._headers())
+        if self.previous is not None and response.status == 200:
+            content = put_back(content, self.previous.id)  # sent as input: say it continued
         answer = response_from_body(content) if response.status == 200 else None
+        if answer is not None:
+            self._adopt(answer)  # its session, for the headers
         # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
@@ -250,19 +255,31 @@ class ResponsesExchange(ChatExchange):
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
         assembler = ResponseAssembler()
+        # A chain sent as input: its events say which response it continued.
+        put_back = PutBackStream(self.previous.id) if self.previous is not None else None
 
         async def relay() -> AsyncIterator[bytes]:
             error: ProxyError | None = None
             done = False
             self.rt.metrics.active_streams.inc()
             try:
-                async for chunk in response.iter_chunks():
+                async for received in response.iter_chunks():
+                    chunk = received if put_back is None else put_back.feed(received)
+                    if put_back is not None and not chunk:
+                        continue  # a line still arriving
                     assembler.feed(chunk)
                     if assembler.final is not None and not done:
                         done = True
                         # Stored before the client sees the end: it may chain on it at once.
                         await self._commit(assembler.final, release=False)
                     yield chunk
+                rest = put_back.flush() if put_back is not None else b""
+                if rest:  # a last line without its newline
+                    assembler.feed(rest)
+                    if assembler.final is not None and not done:
+                        done = True
+                        await self._commit(assembler.final, release=False)
+                    yield rest
             except UpstreamError as exc:
                 # Headers are gone already: tell the client in-stream, as OpenAI does.
                 error = exc
@@ -285,6 +302,21 @@ class ResponsesExchange(ChatExchange):
 
     # -- the record -------------------------------------------------------------
 
+    def _adopt(self, answer: dict[str, Any]) -> bool:
+        """Whether the answer's chain is stored; a session-less one is filed under
+        ``resp:<id>`` (set before the headers are built, so X-Session-Id says so)."""
+        response_id = answer.get("id")
+        self.response_id = response_id if isinstance(response_id, str) else None
+        storable = (
+            self.response_id is not None
+            and answer.get("status") in STORED_STATUSES
+            and not self.previous_unknown
+            and (self.key is not None or self.body.get("store") is not False)
+        )
+        if storable and self.key is None:
+            self.key = f"resp:{self.response_id}"
+        return storable
+
     async def _commit(
         self,
         answer: dict[str, Any],
@@ -297,17 +329,8 @@ class ResponsesExchange(ChatExchange):
 
         ``release``: the upstream is done with (a stream releases at its end).
         """
-        response_id = answer.get("id")
+        storable = self._adopt(answer)
         status = answer.get("status")
-        self.response_id = response_id if isinstance(response_id, str) else None
-        storable = (
-            self.response_id is not None
-            and status in STORED_STATUSES
-            and not self.previous_unknown
-            and (self.key is not None or self.body.get("store") is not False)
-        )
-        if storable and self.key is None:
-            self.key = f"resp:{self.response_id}"
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         record = self._close(200, 200, usage, incomplete or status == "incomplete", error, release)
         if isinstance(status, str):

@@ -54,6 +54,31 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=_shared_logger(structlog.PrintLogger(file=sys.stdout)),
         cache_logger_on_first_use=False,
     )
+    _route_stdlib_logging(level, renderer)
+
+
+def _route_stdlib_logging(level: str, renderer: Any) -> None:
+    """Lines from the standard library's logging (uvicorn's, aiohttp's, asyncio's) rendered
+    as ours: one JSON object per line, with the logger's name; tracebacks inside it."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+        ],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _redact, renderer],
+    )
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)  # other libraries: warnings and errors only
+    for name in ("uvicorn", "uvicorn.error"):
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers = []
+        uvicorn_logger.propagate = True
+        uvicorn_logger.setLevel(logging.getLevelNamesMapping()[level.upper()])
 
 
 def get_logger(name: str = "ctxproxy") -> Any:

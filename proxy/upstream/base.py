@@ -9,7 +9,7 @@ proxy never knows the difference.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,8 @@ class UpstreamRequest:
     json: dict[str, Any] | None = None
     stream: bool = False
     query: str = ""
+    # A body relayed as it arrives (pass-through uploads), instead of ``body``.
+    body_stream: AsyncIterable[bytes] | None = None
 
 
 class UpstreamResponse(Protocol):

@@ -31,6 +31,8 @@ class Litellm:
     unreachable: tuple[type[BaseException], ...]
     context_window: type[BaseException]
     content_policy: type[BaseException]
+    # POST /v1/embeddings through the same provider (passed through by proxy/passthrough).
+    aembedding: Any = None
 
 
 _loaded: Litellm | None = None
@@ -73,6 +75,7 @@ def load_litellm() -> Litellm:
         unreachable=(ex.APIConnectionError, httpx.TransportError, OSError),
         context_window=ex.ContextWindowExceededError,
         content_policy=ex.ContentPolicyViolationError,
+        aembedding=litellm.aembedding,
     )
     return _loaded
 

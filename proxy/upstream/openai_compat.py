@@ -9,6 +9,7 @@ identity encoding), no re-serialisation.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -34,19 +35,28 @@ HOP_BY_HOP = frozenset(
 )
 
 
+# Dropped from ``headers`` (the proxy may re-encode), but right for a byte-for-byte relay.
+ENTITY = frozenset({"content-length", "content-encoding"})
+
+
 class AiohttpResponse:
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, origin: str = "The upstream") -> None:
         self._response = response
+        self._origin = origin
         self.status = response.status
         self.headers = [(k, v) for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP]
+        # For a pass-through relay, which sends the upstream's bytes unchanged.
+        self.entity_headers = [(k, v) for k, v in response.headers.items() if k.lower() in ENTITY]
 
     async def read(self) -> bytes:
         try:
             return await self._response.read()
         except TimeoutError as exc:
-            raise UpstreamTimeout("The upstream did not finish its answer in time.") from exc
+            raise UpstreamTimeout(f"{self._origin} did not finish its answer in time.") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"The upstream connection failed: {type(exc).__name__}") from exc
+            raise UpstreamError(
+                f"{self._origin}: the connection failed: {type(exc).__name__}"
+            ) from exc
         finally:
             self._response.release()
 
@@ -55,9 +65,9 @@ class AiohttpResponse:
             async for chunk in self._response.content.iter_any():
                 yield chunk
         except TimeoutError as exc:
-            raise UpstreamTimeout("The upstream stream stalled.") from exc
+            raise UpstreamTimeout(f"{self._origin}: the stream stalled.") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"The upstream stream failed: {type(exc).__name__}") from exc
+            raise UpstreamError(f"{self._origin}: the stream failed: {type(exc).__name__}") from exc
 
     async def close(self) -> None:
         # close(), not release(): a stream abandoned midway must not go back to the pool.
@@ -73,8 +83,12 @@ class OpenAICompatUpstream:
         timeout_s: float,
         connect_timeout_s: float = 10.0,
         pool_size: int = 256,
+        name: str | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        # Named in every error (logs and client), so an operator knows which one failed.
+        host = urlsplit(self._base_url).netloc or self._base_url
+        self.origin = f"Upstream {name!r} ({host})" if name else f"The upstream ({host})"
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_read=timeout_s
         )
@@ -96,15 +110,14 @@ class OpenAICompatUpstream:
         url = self._base_url + request.path + (f"?{request.query}" if request.query else "")
         headers = dict(request.headers)
         headers["Accept-Encoding"] = "identity"
+        data = request.body if request.body_stream is None else request.body_stream
         try:
-            response = await self._client().request(
-                request.method, url, headers=headers, data=request.body
-            )
+            response = await self._client().request(request.method, url, headers=headers, data=data)
         except TimeoutError as exc:
-            raise UpstreamTimeout("The upstream did not answer in time.") from exc
+            raise UpstreamTimeout(f"{self.origin} did not answer in time.") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"Could not reach the upstream: {type(exc).__name__}") from exc
-        return AiohttpResponse(response)
+            raise UpstreamError(f"Could not reach {self.origin}: {type(exc).__name__}") from exc
+        return AiohttpResponse(response, self.origin)
 
     async def close(self) -> None:
         if self._session is not None:

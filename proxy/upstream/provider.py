@@ -4,7 +4,10 @@ The route names a litellm model (``anthropic/claude-sonnet-4-5``,
 ``gemini/...``, ``bedrock/...``); litellm translates the OpenAI chat body to
 the provider's shape and the answer (streamed or not) back to OpenAI's, so the
 rest of the proxy sees the same status, headers and bytes an OpenAI-compatible
-upstream would give.
+upstream would give. ``POST /embeddings`` is translated too (litellm's
+``aembedding``: Cohere, Bedrock, Vertex, Voyage... embeddings behind one
+``base_url``); any other endpoint is refused, since litellm has no generic
+translation for it.
 
 litellm is heavy (seconds to import) and reaches for the network on import
 unless told not to, so it is imported only when a ``LitellmUpstream`` is
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -53,6 +57,11 @@ CHAT_FIELDS = frozenset({
 _CONTROL_KWARGS = frozenset(
     {"model", "messages", "stream", "api_base", "api_key", "timeout", "num_retries", "drop_params"}
 )
+
+# What an embeddings body may pass to litellm besides its input (an allowlist, as for chat).
+EMBEDDING_FIELDS = frozenset({"input", "dimensions", "encoding_format", "user"})
+# The paths a litellm upstream answers (below the upstream's /v1).
+PATHS = frozenset({"/chat/completions", "/embeddings"})
 
 _JSON = [("content-type", "application/json")]
 _SSE = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
@@ -168,6 +177,7 @@ class LitellmUpstream:
         api_key: str | None,
         timeout_s: float,
         extra: Mapping[str, Any] | None = None,
+        name: str | None = None,
     ) -> None:
         clash = _CONTROL_KWARGS.intersection(extra or {})
         if clash:
@@ -177,15 +187,21 @@ class LitellmUpstream:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.extra = dict(extra or {})
+        # Named in errors that reach logs and clients: which upstream, which host.
+        where = urlsplit(api_base).netloc if api_base else model
+        self.origin = f"Upstream {name!r} ({where})" if name else f"The provider ({where})"
         # Imported here, once, so the first request does not pay for it.
         self._lib = load_litellm()
         self._streams: set[StreamResponse] = set()
 
     async def send(self, request: UpstreamRequest) -> JsonResponse | StreamResponse:
-        if request.method != "POST" or request.path.rstrip("/") != "/chat/completions":
+        path = request.path.rstrip("/")
+        if request.method != "POST" or path not in PATHS:
             message = f"{request.method} {request.path} is not supported by a litellm upstream."
             return JsonResponse(404, error_body(message, 404, "not_found"))
         body = request.json if request.json is not None else parse_object(request.body)
+        if path == "/embeddings":
+            return await self._embed(body, request)
         if body is None or not isinstance(body.get("messages"), list):
             return JsonResponse(400, error_body("A chat body with messages is required.", 400))
 
@@ -210,6 +226,27 @@ class LitellmUpstream:
             return JsonResponse(200, result.model_dump_json().encode())
         return await self._open_stream(result, client_model)
 
+    async def _embed(self, body: dict[str, Any] | None, request: UpstreamRequest) -> JsonResponse:
+        if body is None or not isinstance(body.get("input"), str | list):
+            return JsonResponse(400, error_body("An embeddings body with input is required.", 400))
+        client_model = str(body.get("model") or self.model)
+        kwargs = {k: v for k, v in body.items() if k in EMBEDDING_FIELDS}
+        api_key = self.api_key if self.api_key is not None else bearer(request.headers)
+        try:
+            result = await self._lib.aembedding(
+                **kwargs,
+                model=self.model,
+                api_base=self.api_base,
+                api_key=api_key,
+                timeout=self.timeout_s,
+                num_retries=0,
+                drop_params=True,
+            )
+        except self._lib.errors as exc:
+            return self._failure(exc)
+        result.model = client_model
+        return JsonResponse(200, result.model_dump_json().encode())
+
     async def _open_stream(self, stream: Any, client_model: str) -> JsonResponse | StreamResponse:
         # Fetch the first chunk before answering: an error the provider sends
         # before any content must still become a status and a body.
@@ -231,7 +268,7 @@ class LitellmUpstream:
         lib = self._lib
         unanswered = no_answer_error(lib, exc)
         if unanswered is not None:
-            raise unanswered from exc
+            raise type(unanswered)(f"{self.origin}: {unanswered.message}") from exc
         exc = unwrap(exc)
         status = error_status(exc)
         code = None

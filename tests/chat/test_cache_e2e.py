@@ -249,3 +249,20 @@ def test_admin_api_and_sessions_show_give_the_hit_ratio_per_session_and_policy(
     assert f"prompt cache: {cached_sum} of {prompt_sum} prompt tokens cached ({ratio})" in Out.text
     assert "policy passthrough:" in Out.text
     assert json.dumps(detail)  # plain JSON all the way
+
+
+def test_a_deleted_session_starts_again_with_no_stable_prefix(
+    cached, start_proxy, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("CTX_CACHE_ADMIN", ADMIN_KEY)
+    proxy = start_proxy(extra={"admin": {"api_key": "os.environ/CTX_CACHE_ADMIN"}})
+    c = client(proxy, "gone")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+    c.chat.completions.create(model="gpt-4o", messages=messages)
+    proxy.drain()
+    tenant = query(tmp_path / "ctxproxy.db", "SELECT tenant FROM sessions")[0]["tenant"]
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    deleted = httpx.delete(f"{proxy.url}/admin/sessions/{tenant}/gone", headers=auth)
+    assert deleted.status_code == 200
+    raw = c.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)
+    assert raw.headers["x-context-stable-prefix"] == "0"

@@ -16,11 +16,15 @@ import pytest
 import yaml
 
 from proxy.config.loader import parse_config
+from proxy.context.model_info import context_window
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def example(upstream_url: str, tmp_path: Path) -> Any:
+    # The example's `fit` policy reads context windows: litellm's model map is loaded at
+    # start-up. Load it here, so a busy machine doesn't spend the harness's start timeout on it.
+    context_window("gpt-4o")
     data = yaml.safe_load((REPO / "config.example.yaml").read_text())
     data["upstreams"]["openai"]["base_url"] = f"{upstream_url}/v1"
     data["store"]["path"] = str(tmp_path / "ctxproxy.db")

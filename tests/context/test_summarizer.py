@@ -225,3 +225,15 @@ def test_a_configured_upstream_uses_its_own_key_and_headers():
 
 def test_the_extractive_model_name_needs_no_upstream():
     assert isinstance(build(EXTRACTIVE_MODEL), ExtractiveSummarizer)
+
+
+@pytest.mark.parametrize("model", ["gpt-5", "o3", "o4-mini", "gpt-5-mini"])
+async def test_reasoning_models_get_only_what_they_accept(model):
+    """o-series and gpt-5 reject temperature and max_tokens: neither is sent."""
+    upstream = FakeUpstream()
+    out = await LLMSummarizer(upstream, model=model).summarize(REQUEST)
+    assert out.text == "the summary"
+    body = orjson.loads(upstream.sent[0].body or b"")
+    assert "temperature" not in body and "max_tokens" not in body
+    assert body["max_completion_tokens"] >= REQUEST.max_tokens
+    assert body["reasoning_effort"] in ("minimal", "low")

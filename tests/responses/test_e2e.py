@@ -144,6 +144,14 @@ def test_five_turn_chain_under_max_turns_2_sends_explicit_trimmed_input(upstream
         )
         response = raw.parse()
         ids.append(response.id)
+        # The client's id is put back (the upstream got explicit input, so it said null).
+        assert response.previous_response_id == previous
+        upstream_bytes = fake.last_response
+        if previous is not None:
+            field = b'"previous_response_id":'
+            upstream_bytes = upstream_bytes.replace(
+                field + b"null", field + f'"{previous}"'.encode()
+            )
         previous = response.id
         sent = fake.last
         validate("CreateResponse", sent)
@@ -155,7 +163,8 @@ def test_five_turn_chain_under_max_turns_2_sends_explicit_trimmed_input(upstream
         assert texts(sent["input"]) == [*expected, f"user:turn {turn}"]
         assert raw.headers["x-context-turns-dropped"] == str(max(0, turn - 1))
         assert raw.headers["x-session-id"] == f"resp:{ids[0]}"
-        assert raw.http_response.content == fake.last_response  # the answer is the upstream's own
+        # The answer is the upstream's own, that one field aside.
+        assert raw.http_response.content == upstream_bytes
     assert ids == [f"resp_{n}" for n in range(1, 6)]
     # The store has the whole chain, untrimmed, under the first response's session.
     chain = [

@@ -261,11 +261,11 @@ async def test_openai_fields_the_provider_lacks_are_dropped_not_fatal(
 async def test_other_paths_answer_404_without_calling_the_provider(
     fake: FakeAnthropic, upstream: LitellmUpstream
 ) -> None:
-    response = await upstream.send(chat(user("hi"), path="/embeddings"))
+    response = await upstream.send(chat(user("hi"), path="/audio/speech"))
     assert response.status == 404
     error = orjson.loads(await response.read())["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert "/embeddings" in error["message"]
+    assert "/audio/speech" in error["message"]
     assert fake.requests == []
 
 
@@ -327,10 +327,12 @@ async def test_overloaded_keeps_the_provider_status(
 @STREAM
 async def test_unreachable_api_base_raises_upstream_error(stream: bool) -> None:
     nowhere = f"http://127.0.0.1:{closed_port()}"
-    up = LitellmUpstream(MODEL, api_base=nowhere, api_key="k", timeout_s=5)
+    up = LitellmUpstream(MODEL, api_base=nowhere, api_key="k", timeout_s=5, name="claude")
     with pytest.raises(UpstreamError) as caught:
         await up.send(chat({**user("hi"), "stream": stream}))
     assert not isinstance(caught.value, UpstreamTimeout)
+    # The error names the upstream and its host (in the client's answer and the log).
+    assert caught.value.message.startswith(f"Upstream 'claude' ({nowhere.removeprefix('http://')})")
 
 
 def test_a_timeout_litellm_reports_as_a_500_still_raises_upstream_timeout(
