@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.transcript import message_text
-from policies.types import Message, RecallSpec, SummarizerSpec, SummarizeSpec
+from policies.types import Message, SummarizerSpec, SummarizeSpec
 
 CONCISE = SummarizeSpec(
     trigger_turns=5,
@@ -42,7 +42,6 @@ CONCISE = SummarizeSpec(
     summary_share=0.10,
     tool_output_max_tokens=400,
     summarizer=SummarizerSpec(max_tokens=250),
-    recall=RecallSpec(share=0.3),
 )
 BALANCED = SummarizeSpec(
     trigger_turns=10,
@@ -51,7 +50,6 @@ BALANCED = SummarizeSpec(
     summary_share=0.5,
     tool_output_max_tokens=1000,
     summarizer=SummarizerSpec(max_tokens=600),
-    recall=RecallSpec(share=0.3),
 )
 FULL = SummarizeSpec(
     keep_last_turns=None,
@@ -60,7 +58,6 @@ FULL = SummarizeSpec(
     low_water=0.6,
     summary_share=0.15,
     summarizer=SummarizerSpec(max_tokens=1000),
-    recall=RecallSpec(share=0.2),
 )
 
 MODES: Mapping[str, SummarizeSpec] = {"concise": CONCISE, "balanced": BALANCED, "full": FULL}
