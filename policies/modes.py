@@ -10,13 +10,10 @@ Following the context-mode design, each mode is a budget and a share of it:
   then the middle is summarized (the first turn, the task statement, stays
   verbatim with the newest turns that fit).
 
-Each mode also sets aside a share of its budget for recall (policies/recall.py):
-turns that left the window come back when the latest message names them.
-Measured on LoCoMo (bench/recall.py: evidence of a question asked after the
-whole conversation reaching the upstream): concise 0% -> 61% with 0.3,
-balanced 1% -> 71% with 0.3, full 28% -> 85% with 0.2. More share keeps more
-evidence (0.4: 68%, 76%, 89%) but takes it from the kept turns and the
-summary, which agent sessions need; these are the knees of the curves.
+The modes have no recall yet (policies/recall.py): on LoCoMo a share of 0.3
+/ 0.3 / 0.2 of their budgets keeps 61% / 71% / 85% of the evidence
+(bench/recall.py), but recall on top of a summary can forward more than the
+conversation itself, so it waits until the budget accounts for that.
 
 A route may let the request choose (the ``X-Context-Mode`` header) and may
 switch by rules on the latest user message (a regex for order numbers or
