@@ -40,6 +40,21 @@ class NoneSpec:
 
 
 @dataclass(frozen=True)
+class RecallSpec:
+    """A policy's ``recall:`` block: evicted turns brought back (see :mod:`policies.recall`)."""
+
+    # The recall block's budget in tokens; or ``share`` of the policy's budget.
+    max_tokens: int | None = None
+    share: float | None = None
+    # Turns before and after each hit brought with it.
+    neighbors: int = 1
+    # "none": lexical search (the only one built so far).
+    embeddings: str = "none"
+    # Hits the index is asked for.
+    candidates: int = 40
+
+
+@dataclass(frozen=True)
 class TrimSpec:
     """`strategy: trim`: keep the last turns that fit the limits."""
 
@@ -50,6 +65,7 @@ class TrimSpec:
     # When trimming is needed, cut down to this share of the budget (hysteresis).
     low_water: float | None = None
     tool_output_max_tokens: int | None = None
+    recall: RecallSpec | None = None
     # Old tool output replaced by a placeholder before trimming (policies.mask).
     mask_tool_outputs: MaskSpec | None = None
     strategy: Literal["trim"] = "trim"
@@ -103,6 +119,7 @@ class SummarizeSpec:
     # close to the trigger (a share of trigger_tokens; turns: one turn away).
     prefetch: bool = True
     prefetch_margin: float = 0.15
+    recall: RecallSpec | None = None
     strategy: Literal["summarize"] = "summarize"
 
 
@@ -153,6 +170,8 @@ class Budget:
 
     limit: int | None = None
     fixed: int = 0
+    # Tokens set aside for recalled turns (policies.recall), already taken off ``limit``.
+    recall: int = 0
 
 
 @dataclass(frozen=True)

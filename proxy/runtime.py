@@ -8,6 +8,7 @@ from proxy.background import Background
 from proxy.config.model import Config, UpstreamConfig
 from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
+from proxy.context.recall import RecallService
 from proxy.context.rewriter import Rewriter
 from proxy.context.stable_prefix import StablePrefixes
 from proxy.context.summaries import SummaryService
@@ -17,6 +18,7 @@ from proxy.coordination.local import LocalCoordinator
 from proxy.http.routing import Router
 from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import Store
+from proxy.store.search_backends import recall_index_for
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.base import Upstream
 
@@ -77,6 +79,8 @@ class Runtime:
     prefixes: StablePrefixes = field(default_factory=StablePrefixes)
     # Summaries made, awaited and prefetched; shared by every pinned view.
     summaries: SummaryService = field(init=False)
+    # Evicted turns brought back (policies with a ``recall:`` block).
+    recall: RecallService = field(init=False)
     # Bumped by every reload. A pinned view keeps the generation it was made in.
     generation: int = field(default=0, init=False)
     # Shared by the runtime and its pinned views (never reassigned, only mutated):
@@ -94,6 +98,7 @@ class Runtime:
         self.summaries = SummaryService(
             self.store, self.background, self.metrics, flights=self.coordinator.flights
         )
+        self.recall = RecallService(recall_index_for(self.store), self.metrics)
 
     def pin(self) -> Runtime:
         """A view of the runtime as it is now, for one request.

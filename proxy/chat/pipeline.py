@@ -22,8 +22,10 @@ from starlette.responses import Response, StreamingResponse
 from policies.types import Decision, SummarizeSpec
 from proxy.chat.cache_step import CacheHints, cache_hints, measure_stable_prefix
 from proxy.chat.policy_step import choose_mode, mode_rule, summarize
+from proxy.chat.recall_step import recall_headers, recall_log_fields, recall_step, spec_recall
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
 from proxy.config.model import RouteConfig
+from proxy.context.recall import RecallOutcome
 from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
@@ -98,6 +100,8 @@ class ChatExchange:
         self.mode_rule: str | None = None
         self.summary: SummaryOutcome | None = None
         self.summary_ctx: SummaryContext | None = None
+        # What recall did (policies with a ``recall:`` block only).
+        self.recall: RecallOutcome | None = None
         # Leading forwarded messages the session's previous request forwarded too.
         self.stable_prefix: int | None = None
         # The prompt-cache hints sent upstream (prompt_cache_key, breakpoints).
@@ -195,9 +199,22 @@ class ChatExchange:
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
+        # Measured on the policy's list: a recall block goes after the stable prefix.
         self.stable_prefix = measure_stable_prefix(
             rt.prefixes, self.ref, self.decision, self.conversation, self.hashes, remember=lock
         )
+        if spec_recall(spec) is not None:
+            self.decision, self.recall = await recall_step(
+                rt,
+                self.policy,
+                spec,
+                self.ref,
+                self.conversation,
+                self.hashes,
+                self.decision,
+                model,
+                sizes=counts,
+            )
         return self.decision
 
     async def _send(self, body: dict[str, Any]) -> Response:
@@ -394,6 +411,8 @@ class ChatExchange:
                 h["x-context-tool-outputs-masked"] = str(len(d.masked))
             if d.reason:
                 h["x-context-trim-reason"] = d.reason
+        if self.recall is not None:
+            h.update(recall_headers(self.recall))
         if self.stable_prefix is not None:
             h["x-context-stable-prefix"] = str(self.stable_prefix)
         return h
@@ -556,6 +575,8 @@ class ChatExchange:
                 ]
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
+        if self.recall is not None:
+            record.detail["recall"] = self.recall.detail()
         if self.cache is not None and self.cache.sent:
             record.detail["cache_hints"] = self.cache.detail()
         if self.fence is not None:
@@ -612,6 +633,7 @@ class ChatExchange:
             reason=r.reason,
             summary_used=self.summary.status if self.summary else None,
             fallback=r.detail.get("fallback"),
+            **(recall_log_fields(self.recall) if self.recall is not None else {}),
             incomplete=r.incomplete,
             stable_prefix=r.stable_prefix,
             upstream_prompt_tokens=r.upstream_prompt_tokens,

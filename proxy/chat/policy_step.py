@@ -100,4 +100,8 @@ async def summarize(
     decision = outcome.decision
     if factor != 1.0:
         decision = dataclasses.replace(decision, extra={**decision.extra, "calibration": factor})
+    if budget.recall:
+        decision = dataclasses.replace(
+            decision, extra={**decision.extra, "recall_budget": budget.recall}
+        )
     return decision, outcome, ctx

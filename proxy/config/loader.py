@@ -10,6 +10,7 @@ written twice in one mapping is an error.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from proxy.config.node import (
     section,
     show,
 )
+from proxy.config.recall import recall_spec
 from proxy.config.shared import (
     COORDINATION_KEYS,
     check_coordination,
@@ -205,6 +207,7 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
                 "context_fraction",
                 "low_water",
                 "tool_output_max_tokens",
+                "recall",
                 "mask_tool_outputs",
             },
         )
@@ -216,6 +219,8 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
             tool_output_max_tokens=node.integer("tool_output_max_tokens", minimum=16),
             mask_tool_outputs=mask_spec(node),
         )
+        budgeted = spec.max_tokens is not None or spec.context_fraction is not None
+        spec = dataclasses.replace(spec, recall=recall_spec(node, has_budget=budgeted))
         if spec.max_turns is None and spec.max_tokens is None and spec.context_fraction is None:
             raise ConfigError(
                 node.path, "a trim policy needs max_turns, max_tokens or context_fraction"

@@ -276,6 +276,19 @@ MASK = {
     ],
 }
 
+RECALL = obj(
+    "Bring back the left-out turns the newest message needs (a share of the budget, or tokens).",
+    {
+        "max_tokens": integer(
+            "The recall block's budget in tokens (at most half the policy's).", 16
+        ),
+        "share": number("Or this share of the policy's budget (default 0.3).", 0.9),
+        "neighbors": integer("Messages before and after each hit brought with it.", 0, 5),
+        "embeddings": choice("Lexical search (the only one built so far).", "none"),
+        "candidates": integer("Hits the index is asked for.", 1, 500),
+    },
+)
+
 NONE_POLICY = obj(
     "Forward the conversation unchanged.",
     {"strategy": {"const": "none"}, "mask_tool_outputs": MASK},
@@ -291,6 +304,7 @@ TRIM_POLICY = obj(
         "low_water": number("When over budget, cut down to this share of it.", 1.0),
         "tool_output_max_tokens": integer("Clip larger tool results first.", 16),
         "mask_tool_outputs": MASK,
+        "recall": RECALL,
     },
     required=["strategy"],
 )
@@ -323,6 +337,7 @@ SUMMARIZE_POLICY = obj(
         "summarizer": SUMMARIZER,
         "placement": choice("Where the summary goes.", "system", "pair"),
         "prefetch": boolean("Make the next summary after the answer is sent."),
+        "recall": RECALL,
     },
     required=["strategy"],
 )

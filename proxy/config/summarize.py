@@ -17,6 +17,7 @@ from policies.modes import MODES, ModeRule
 from policies.types import PolicySpec, SummarizerSpec, SummarizeSpec
 from proxy.config.model import ModesConfig
 from proxy.config.node import Node
+from proxy.config.recall import recall_spec
 from proxy.errors import ConfigError
 
 # Built in, like `passthrough`; a policy of the same name in the file replaces one.
@@ -35,6 +36,7 @@ SUMMARIZE_KEYS = frozenset(
         "summarizer",
         "placement",
         "prefetch",
+        "recall",
     }
 )
 SUMMARIZER_KEYS = frozenset({"model", "upstream", "max_tokens", "prompt_file", "timeout_s"})
@@ -86,6 +88,7 @@ def summarize_policy(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -
         summarizer=_summarizer(node.child("summarizer", set(SUMMARIZER_KEYS)), base_dir, upstreams),
         placement="pair" if placement == "pair" else "system",
         prefetch=prefetch is not False,
+        recall=recall_spec(node, has_budget=max_tokens is not None or tokens is not None),
     )
 
 

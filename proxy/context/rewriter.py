@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from policies.apply import apply
+from policies.recall import reserve
 from policies.summarize import limit_of
 from policies.trim import budget_limit
 from policies.types import (
@@ -75,15 +76,40 @@ class Rewriter:
         try:
             decision = apply(messages, spec, count, budget)
         except ContextTooLong as exc:
+            if not budget.recall or budget.limit is None:
+                raise ContextLengthExceeded(
+                    f"{exc} Shorten the newest turn or raise the policy's budget.",
+                    param="messages",
+                ) from exc
+            # Only the recall reserve made it too long: decide with the whole
+            # budget, and recall gets what is left (often nothing).
+            whole = budget.limit + budget.recall
+            return self._decided(messages, spec, count, Budget(whole, budget.fixed), factor)
+        if factor != 1.0 or budget.recall:
+            extra = dict(decision.extra)
+            if factor != 1.0:
+                extra["calibration"] = factor
+            if budget.recall:
+                extra["recall_budget"] = budget.recall
+            decision = dataclasses.replace(decision, extra=extra)
+        return decision
+
+    @staticmethod
+    def _decided(
+        messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget, factor: float
+    ) -> Decision:
+        try:
+            decision = apply(messages, spec, count, budget)
+        except ContextTooLong as exc:
             raise ContextLengthExceeded(
                 f"{exc} Shorten the newest turn or raise the policy's budget.",
                 param="messages",
             ) from exc
+        assert budget.limit is not None  # the caller's whole budget
+        extra = {**decision.extra, "recall_budget": max(0, budget.limit - decision.tokens_after)}
         if factor != 1.0:
-            decision = dataclasses.replace(
-                decision, extra={**decision.extra, "calibration": factor}
-            )
-        return decision
+            extra["calibration"] = factor
+        return dataclasses.replace(decision, extra=extra)
 
     def spec(self, policy: str) -> PolicySpec:
         return self._policies[policy]
@@ -102,7 +128,14 @@ class Rewriter:
             # The budget is in the upstream's tokens; the counts are local: convert
             # the budget, so counts stay what tiktoken says (and calibration stable).
             limit = int(limit / factor)
-        return Budget(limit=limit, fixed=counter.count_request_fixed(body)), factor
+        held = 0
+        recall_spec = getattr(spec, "recall", None)
+        if recall_spec is not None:
+            # The kept window shrinks to make room for the recalled turns.
+            held = reserve(recall_spec, limit)
+            if limit is not None:
+                limit -= held
+        return Budget(limit=limit, fixed=counter.count_request_fixed(body), recall=held), factor
 
     @staticmethod
     def counter(

@@ -221,6 +221,8 @@ def request_view(
             {"index": i, "tokens_before": m.tokens_before, "tokens_after": m.tokens_after}
             for i, m in sorted(masked_by_index(detail).items())
         ],
+        # The request row's recall entry as stored: outcome, spans, hits, tokens, time.
+        "recall": detail.get("recall"),
         "fallback": detail.get("fallback"),
         "latency_ms": {"total": row["total_ms"], "upstream": row["upstream_ms"]},
         "usage": row["usage"],

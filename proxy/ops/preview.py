@@ -121,6 +121,9 @@ async def context_preview(request: Request) -> Response:
             "summary": None
             if exchange.summary is None
             else {"status": exchange.summary.status, "fallback": exchange.summary.fallback},
+            # Policies with recall: what the real request would bring back (the
+            # block is in ``messages`` too).
+            "recall": None if exchange.recall is None else exchange.recall.detail(),
             "history": route.history,
             "session": None
             if exchange.ref is None

@@ -194,6 +194,25 @@ class MemoryStore:
                 item_id = chain[-1].parent_id
         return chain[::-1]
 
+    async def searchable(self, session: SessionRef) -> list[tuple[int, int, str, Any]]:
+        """Every item of the session (any branch): id, chain position, content hash, message.
+
+        For the recall index fake (proxy/store/memory_search.py).
+        """
+        async with self._lock:
+            row = self._sessions.get((session.tenant, session.key))
+            if row is None:
+                return []
+            out = []
+            for item_id in self._by_path[row.id].values():
+                item = self._items[item_id]
+                depth, parent = 0, item.parent_id
+                while parent is not None:
+                    depth, parent = depth + 1, self._items[parent].parent_id
+                message = orjson.loads(self._messages[item_id])
+                out.append((item_id, depth, item.content_hash, message))
+            return out
+
     def _item(self, item_id: int) -> StoredItem:
         return replace(self._items[item_id], message=orjson.loads(self._messages[item_id]))
 

@@ -149,6 +149,54 @@ MIGRATIONS: tuple[str, ...] = (
     -- Leading forwarded messages identical to the session's previous request's.
     ALTER TABLE requests ADD COLUMN stable_prefix INTEGER;
     """,
+    # 5: the recall index (see proxy/store/sqlite_search.py). FTS5 over each item's
+    # searchable text: ``scope`` holds one token naming the session (s<id>), so a
+    # query is confined to one session by the index itself; ``pos`` is the item's
+    # position in its chain (its depth from the root). Kept in step with items:
+    # rows are written in the transaction that stores their item, and go with it.
+    # Existing items are indexed here (the text the same as search_text.py's,
+    # in SQL: message content, text parts, tool calls, Responses arguments and output).
+    """
+    CREATE VIRTUAL TABLE items_fts USING fts5 (
+        scope, body, pos UNINDEXED, tokenize = 'porter unicode61'
+    );
+    CREATE TRIGGER items_fts_delete AFTER DELETE ON items BEGIN
+        DELETE FROM items_fts WHERE rowid = old.id;
+    END;
+    INSERT INTO items_fts (rowid, scope, body, pos)
+    WITH RECURSIVE depth (id, session_id, pos) AS (
+        SELECT id, session_id, 0 FROM items WHERE parent_id IS NULL
+        UNION ALL
+        SELECT i.id, i.session_id, depth.pos + 1 FROM items i
+            JOIN depth ON i.session_id = depth.session_id AND i.parent_id = depth.id
+    ),
+    texts (id, session_id, pos, body) AS (
+        SELECT i.id, i.session_id, depth.pos, trim(
+            CASE json_type(i.message_json, '$.content')
+                WHEN 'text' THEN json_extract(i.message_json, '$.content')
+                WHEN 'array' THEN coalesce((
+                    SELECT group_concat(json_extract(part.value, '$.text'), char(10))
+                    FROM json_each(i.message_json, '$.content') AS part
+                    WHERE json_type(part.value, '$.text') = 'text'), '')
+                ELSE '' END
+            || char(10) || coalesce((
+                SELECT group_concat(
+                    coalesce(json_extract(call.value, '$.function.name'), '') || ' '
+                    || coalesce(json_extract(call.value, '$.function.arguments'), ''),
+                    char(10))
+                FROM json_each(i.message_json, '$.tool_calls') AS call
+                WHERE json_type(i.message_json, '$.tool_calls') = 'array'), '')
+            || char(10) || CASE WHEN json_type(i.message_json, '$.arguments') = 'text'
+                THEN coalesce(json_extract(i.message_json, '$.name'), '') || ' '
+                    || json_extract(i.message_json, '$.arguments') ELSE '' END
+            || char(10) || CASE WHEN json_type(i.message_json, '$.output') = 'text'
+                THEN json_extract(i.message_json, '$.output') ELSE '' END,
+            char(10) || ' ')
+        FROM items i JOIN depth ON depth.id = i.id
+        WHERE json_valid(i.message_json)
+    )
+    SELECT id, 's' || session_id, body, pos FROM texts WHERE body != '';
+    """,
 )
 
 

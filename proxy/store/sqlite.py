@@ -238,6 +238,10 @@ class SqliteStore:
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
         return list(await self._conn.execute_fetchall(query, params))
 
+    async def fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
+        """One read on the store's connection (the recall index's queries)."""
+        return await self._fetch(query, params)
+
     async def history(self, session: SessionRef) -> list[StoredItem]:
         return [_item(row) for row in await self._fetch(_HISTORY, (session.tenant, session.key))]
 

@@ -23,6 +23,7 @@ from proxy.store.base import (
 )
 from proxy.store.chains import Prefix
 from proxy.store.rows import dumps, encoded_request
+from proxy.store.sqlite_search import index_items
 
 # Well under SQLite's bound-variable limit (999 on old builds).
 CHUNK = 500
@@ -153,6 +154,8 @@ def store_chain(
         ]
         conn.executemany(_INSERT_ITEM, rows)
         found.update(select_ids(conn, session_id, [hashes[i] for i in missing]))
+        # The recall index, in the same transaction as its items.
+        index_items(conn, session_id, [(found[hashes[i]], i, chain[i].message) for i in missing])
     return [*known_ids, *(found[h] for h in hashes[shared:])], missing
 
 

@@ -264,6 +264,29 @@ class Metrics:
             self.upstream_cache_write_tokens,
         ):
             r.add(metric)
+        # Recall (proxy/context/recall.py): evicted turns brought back.
+        self.recall = Counter(
+            "ctxproxy_recall_total",
+            "Requests of policies with recall, by policy and outcome"
+            " (recalled, none, error, no_session, unsupported).",
+            ("policy", "outcome"),
+        )
+        self.recalled_turns = Counter(
+            "ctxproxy_recalled_turns_total", "Turns recall brought back, by policy.", ("policy",)
+        )
+        self.recall_tokens = Counter(
+            "ctxproxy_recall_tokens_total",
+            "Tokens of the recall blocks forwarded, by policy.",
+            ("policy",),
+        )
+        self.recall_seconds = Histogram(
+            "ctxproxy_recall_duration_seconds",
+            "Time recall added on the request path (index query and choice), by policy.",
+            ("policy",),
+            FAST_BUCKETS,
+        )
+        for metric in (self.recall, self.recalled_turns, self.recall_tokens, self.recall_seconds):
+            r.add(metric)
 
     def observe_request(
         self,

@@ -111,8 +111,9 @@ async def test_the_database_stops_growing_once_expiry_keeps_up(tmp_path):
             pages.append(query(db, "PRAGMA page_count")[0][0])
     finally:
         await store.close()
-    # Freed pages are reused: later cycles need no more pages than the second one.
-    assert max(pages[2:]) <= pages[1], pages
+    # Freed pages are reused: later cycles need no more pages than the third one
+    # (the recall index's FTS5 segments reach their steady size a cycle later).
+    assert max(pages[3:]) <= pages[2], pages
 
 
 def test_expired_sessions_vanish_from_a_running_proxy(fake, start_proxy):

@@ -1,0 +1,436 @@
+"""Recall on LoCoMo: evidence that reaches the upstream, time recall adds, what indexing costs.
+
+For each answerable question of ../shared/data/locomo-dev.json (categories 1-4,
+with evidence turns), the whole conversation is stored in a SQLite store (as
+the proxy stores it, FTS5 index included), then the question is asked as the
+newest user message after it. At 10% and 25% of the full history's tokens:
+
+- ``window``: a sliding window (``strategy: trim``) of that many tokens;
+- ``recall sN``: the same budget, ``recall: {share: N}``: the window gets
+  (1-N) of it, recall the rest, through the proxy's own recall step
+  (proxy/context/recall.py: query terms, the FTS5 index, policies/recall.py).
+
+A question counts when every one of its evidence turns reaches the upstream
+(kept in the window or quoted in the recall block). Then the time the recall
+step adds per request (p50/p99, wall clock on the event loop, the index
+query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
+turns; and what the FTS insert adds to storing an exchange (interleaved
+rounds, with and without the index write) and to the file.
+
+    python bench/recall.py [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from policies.modes import MODES
+from policies.recall import reserve
+from policies.summarize import assemble, plan
+from policies.trim import trim
+from policies.types import (
+    Budget,
+    ContextTooLong,
+    Decision,
+    Message,
+    RecallSpec,
+    SummarizeSpec,
+    TrimSpec,
+)
+from proxy.context.recall import RecallService
+from proxy.context.tokens import counter_for
+from proxy.http.sessions import content_hash
+from proxy.ops.replay import locomo_dialogue
+from proxy.store import sqlite_jobs
+from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite_search import SqliteRecallIndex
+from proxy.telemetry.metrics import Metrics
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"
+if not DATA.exists():
+    DATA = Path("/work/shared/data/locomo-dev.json")
+FRACTIONS = (0.10, 0.25)
+SHARES = (0.5, 0.7, 0.8)
+NEIGHBORS = 1
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+MODEL = "gpt-4o"
+# (exact count of a recall block, the count recall reported): the sum of its
+# units' counts is meant to be the exact count or a little over.
+BLOCK_COUNTS: list[tuple[int, int]] = []
+
+
+@dataclass
+class Question:
+    conversation: int
+    text: str
+    category: int
+    evidence: list[int]
+
+
+@dataclass
+class Tally:
+    asked: int = 0
+    kept: int = 0
+    tokens: list[float] = field(default_factory=list)
+
+    def share(self) -> str:
+        return f"{100 * self.kept / self.asked:5.1f}%" if self.asked else "    -"
+
+
+def record(rid: str) -> RequestRecord:
+    return RequestRecord(
+        id=rid, tenant="bench", route="bench", policy="bench", model=MODEL, stream=False, status=200
+    )
+
+
+def message_in(message: dict[str, Any]) -> MessageIn:
+    counter = counter_for(MODEL)
+    return MessageIn(
+        message, content_hash(message), str(message["role"]), counter.count_message(message)
+    )
+
+
+def load() -> tuple[list[list[dict[str, Any]]], list[Question]]:
+    conversations: list[list[dict[str, Any]]] = []
+    questions: list[Question] = []
+    for k, entry in enumerate(json.loads(DATA.read_text())):
+        messages, turns = locomo_dialogue(entry)
+        conversations.append(messages)
+        for q in entry["qa"]:
+            category = q.get("category")
+            evidence = [turns[e] for e in q.get("evidence", []) if e in turns]
+            if category in CATEGORIES and evidence and "answer" in q:
+                questions.append(Question(k, str(q["question"]), int(category), evidence))
+    return conversations, questions
+
+
+def counting(stored: list[MessageIn]) -> tuple[list[int], Callable[[Message], int]]:
+    counter = counter_for(MODEL)
+    counts = [m.token_count or 0 for m in stored]
+    known = {id(m.message): m.token_count or 0 for m in stored}
+
+    def count(message: Message) -> int:
+        n = known.get(id(message))
+        return counter.count_message(message) if n is None else n
+
+    return counts, count
+
+
+def retained(decision: Decision, spans: tuple[tuple[int, int], ...], evidence: list[int]) -> bool:
+    kept = set(decision.kept)
+    return all(i in kept or any(s <= i < e for s, e in spans) for i in evidence)
+
+
+MODE_SHARES = (0.0, 0.2, 0.3, 0.4)
+
+
+def mode_decision(
+    conversation: list[dict[str, Any]],
+    spec: SummarizeSpec,
+    count: Callable[[Message], int],
+    limit: int,
+) -> Decision:
+    """A mode's decision once its summary exists (a stand-in text as long as the summarizer may write)."""
+    budget = Budget(limit)
+    planned = plan(conversation, spec, count, budget)
+    if planned.decision is not None:
+        return planned.decision
+    assert planned.task is not None
+    text = "summary " * spec.summarizer.max_tokens
+    try:
+        return assemble(conversation, spec, count, budget, planned.task.state(text))
+    except ContextTooLong:
+        assert planned.fallback is not None
+        return planned.fallback
+
+
+async def modes(
+    store: SqliteStore,
+    conversations: list[list[dict[str, Any]]],
+    questions: list[Question],
+) -> dict[str, dict[int, Tally]]:
+    """The built-in modes with a recall share of their budget (the conversations are stored)."""
+    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    rows: dict[str, dict[int, Tally]] = {}
+    for q in questions:
+        ask = message_in({"role": "user", "content": q.text})
+        conv_in = [*[message_in(m) for m in conversations[q.conversation]], ask]
+        conversation = [m.message for m in conv_in]
+        hashes = [m.content_hash for m in conv_in]
+        counts, count = counting(conv_in)
+        for name, mode in MODES.items():
+            assert mode.max_tokens is not None
+            for share in MODE_SHARES:
+                spec = RecallSpec(share=share, neighbors=NEIGHBORS)
+                held = reserve(spec, mode.max_tokens) if share else 0
+                base = mode_decision(conversation, mode, count, mode.max_tokens - held)
+                spans: tuple[tuple[int, int], ...] = ()
+                decision = base
+                if share:
+                    decision, outcome = await service.apply(
+                        policy="bench",
+                        spec=spec,
+                        budget=held,
+                        ref=SessionRef("bench", f"conv-{q.conversation}"),
+                        conversation=conversation,
+                        hashes=hashes,
+                        decision=base,
+                        count=count,
+                        sizes=counts,
+                    )
+                    spans = outcome.recalled.spans
+                assert decision.tokens_after <= mode.max_tokens
+                ok = retained(base, spans, q.evidence)
+                _add(rows, f"{name} recall {share}", q.category, ok, decision)
+    return rows
+
+
+async def retention(
+    store: SqliteStore,
+    conversations: list[list[dict[str, Any]]],
+    questions: list[Question],
+) -> dict[str, dict[int, Tally]]:
+    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    stored = [[message_in(m) for m in c] for c in conversations]
+    for k, conv in enumerate(stored):
+        await store.record_exchange(SessionRef("bench", f"conv-{k}"), conv, None, record(f"c{k}"))
+    rows: dict[str, dict[int, Tally]] = {}
+    for q in questions:
+        ask = message_in({"role": "user", "content": q.text})
+        conv_in = [*stored[q.conversation], ask]
+        conversation = [m.message for m in conv_in]
+        hashes = [m.content_hash for m in conv_in]
+        counts, count = counting(conv_in)
+        total = sum(counts)
+        for fraction in FRACTIONS:
+            limit = int(fraction * total)
+            label = f"{int(fraction * 100)}%"
+            window = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit))
+            _add(rows, f"window {label}", q.category, retained(window, (), q.evidence), window)
+            for share in SHARES:
+                spec = RecallSpec(share=share, neighbors=NEIGHBORS)
+                held = reserve(spec, limit)
+                base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
+                decision, outcome = await service.apply(
+                    policy="bench",
+                    spec=spec,
+                    budget=held,
+                    ref=SessionRef("bench", f"conv-{q.conversation}"),
+                    conversation=conversation,
+                    hashes=hashes,
+                    decision=base,
+                    count=count,
+                    sizes=counts,
+                )
+                assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                at = outcome.recalled.position
+                if at is not None:
+                    exact = counter_for(MODEL).count_message(decision.messages[at])
+                    BLOCK_COUNTS.append((exact, outcome.recalled.tokens))
+                ok = retained(base, outcome.recalled.spans, q.evidence)
+                _add(rows, f"recall s{share} {label}", q.category, ok, decision)
+    return rows
+
+
+def _add(rows: dict[str, dict[int, Tally]], label: str, cat: int, ok: bool, d: Decision) -> None:
+    for key in (cat, 0):
+        tally = rows.setdefault(label, {}).setdefault(key, Tally())
+        tally.asked += 1
+        tally.kept += ok
+        tally.tokens.append(d.tokens_after / max(1, d.tokens_before))
+
+
+def print_retention(
+    rows: dict[str, dict[int, Tally]], questions: int, what: str = "policy"
+) -> None:
+    print(f"\n== evidence reaching the upstream, LoCoMo dev ({questions} questions, cats 1-4)")
+    cats = [0, *CATEGORIES]
+    names = ["all"] + [f"{c} {CATEGORIES[c]}" for c in CATEGORIES]
+    header = f"{what:24}" + "".join(f"{n:>15}" for n in names) + f"{'tokens sent':>13}"
+    print(header)
+    print("-" * len(header))
+    for label, by_cat in rows.items():
+        cells = "".join(f"{by_cat[c].share() if c in by_cat else '-':>15}" for c in cats)
+        sent = statistics.mean(by_cat[0].tokens) * 100
+        print(f"{label:24}{cells}{sent:12.1f}%")
+    print("tokens sent: forwarded / full history, mean (recall's share is of the same budget)")
+
+
+def session_of(conversations: list[list[dict[str, Any]]], turns: int) -> list[dict[str, Any]]:
+    """``turns`` turns (a user and an assistant message each) from the LoCoMo dialogues, cycled."""
+    pool = [m for c in conversations for m in c if m["role"] != "system"]
+    out: list[dict[str, Any]] = [{"role": "system", "content": "You are a friend."}]
+    k = 0
+    while len(out) < 2 * turns + 1:
+        m = pool[k % len(pool)]
+        role = "user" if len(out) % 2 == 1 else "assistant"
+        out.append({"role": role, "content": f"{m['content']} ({k // len(pool)})"})
+        k += 1
+    return out
+
+
+async def latency(
+    store: SqliteStore,
+    conversations: list[list[dict[str, Any]]],
+    questions: list[Question],
+    rounds: int,
+) -> list[tuple[int, float, float, float, float, float]]:
+    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    out = []
+    for turns in (100, 1000, 5000):
+        ref = SessionRef("bench", f"latency-{turns}")
+        stored = [message_in(m) for m in session_of(conversations, turns)]
+        await store.record_exchange(ref, stored, None, record(f"l{turns}"))
+        spec = RecallSpec(share=0.7, neighbors=NEIGHBORS)
+        times: list[float] = []
+        cpu: list[float] = []
+        for r in range(rounds + 20):
+            ask = message_in({"role": "user", "content": questions[r % len(questions)].text})
+            conv_in = [*stored, ask]
+            conversation = [m.message for m in conv_in]
+            hashes = [m.content_hash for m in conv_in]
+            counts, count = counting(conv_in)
+            limit = 4000
+            held = reserve(spec, limit)
+            base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
+            started = time.perf_counter()
+            cpu_started = time.process_time()
+            await service.apply(
+                policy="bench",
+                spec=spec,
+                budget=held,
+                ref=ref,
+                conversation=conversation,
+                hashes=hashes,
+                decision=base,
+                count=count,
+                sizes=counts,
+            )
+            if r >= 20:  # warm-up excluded
+                times.append((time.perf_counter() - started) * 1000)
+                cpu.append((time.process_time() - cpu_started) * 1000)
+        times.sort()
+        cpu.sort()
+        p50 = times[len(times) // 2]
+        p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
+        cpu99 = cpu[min(len(cpu) - 1, int(len(cpu) * 0.99))]
+        out.append((turns, p50, p99, statistics.mean(times), cpu[len(cpu) // 2], cpu99))
+    return out
+
+
+async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> dict[str, Any]:
+    """An exchange's write with and without the FTS insert: interleaved rounds, same data."""
+    real = sqlite_jobs.index_items
+    directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-store-"))
+    stores = {
+        "with index": SqliteStore(directory / "a.db"),
+        "without": SqliteStore(directory / "b.db"),
+    }
+    for s in stores.values():
+        await s.open()
+    pool = [m for c in conversations for m in c if m["role"] != "system"]
+    history: dict[str, list[MessageIn]] = {name: [] for name in stores}
+    times: dict[str, list[float]] = {name: [] for name in stores}
+    try:
+        for r in range(exchanges // 10):
+            for name, s in stores.items() if r % 2 == 0 else reversed(stores.items()):
+                sqlite_jobs.index_items = real if name == "with index" else _no_index
+                for j in range(10):
+                    k = r * 10 + j
+                    user = message_in(
+                        {"role": "user", "content": pool[(2 * k) % len(pool)]["content"]}
+                    )
+                    reply = message_in(
+                        {"role": "assistant", "content": pool[(2 * k + 1) % len(pool)]["content"]}
+                    )
+                    history[name].append(user)
+                    started = time.perf_counter()
+                    await s.record_exchange(
+                        SessionRef("bench", f"w{k // 200}"),
+                        history[name][-199:],
+                        reply,
+                        record(f"{name}-{k}"),
+                    )
+                    times[name].append((time.perf_counter() - started) * 1000)
+                    history[name].append(reply)
+                    if len(history[name]) >= 200:
+                        history[name] = []
+    finally:
+        sqlite_jobs.index_items = real
+        for s in stores.values():
+            await s.close()
+    sizes = {
+        name: sum(f.stat().st_size for f in directory.glob(f"{name[0]}.db*")) for name in stores
+    }
+    sizes = {
+        "with index": sum(f.stat().st_size for f in directory.glob("a.db*")),
+        "without": sum(f.stat().st_size for f in directory.glob("b.db*")),
+    }
+    return {
+        name: (statistics.median(t), statistics.mean(t), sizes[name]) for name, t in times.items()
+    } | {"messages": 2 * exchanges}
+
+
+def _no_index(conn: Any, session_id: int, items: Any) -> None:
+    return None
+
+
+async def main() -> None:
+    quick = "--quick" in sys.argv
+    if not DATA.exists():
+        print(f"skipped: {DATA} not found (the shared LoCoMo data)")
+        return
+    conversations, questions = load()
+    directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
+    store = SqliteStore(directory / "bench.db")
+    await store.open()
+    try:
+        started = time.perf_counter()
+        rows = await retention(store, conversations, questions[:200] if quick else questions)
+        print_retention(rows, len(questions[:200] if quick else questions))
+        print(f"({time.perf_counter() - started:.1f} s)")
+        over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
+        slack = [told - exact for exact, told in BLOCK_COUNTS]
+        print(
+            f"recall blocks: {len(BLOCK_COUNTS)}, reported count below the exact one in "
+            f"{len(over)} (by at most {max(over, default=0)}), above by "
+            f"{statistics.mean(slack):.1f} tokens on average"
+        )
+        mode_rows = await modes(store, conversations, questions[:200] if quick else questions)
+        print_retention(mode_rows, len(questions[:200] if quick else questions), "mode, share")
+        lat = await latency(store, conversations, questions, 100 if quick else 500)
+    finally:
+        await store.close()
+    print("\n== time the recall step adds per request (share 0.7 of a 4000-token trim budget)")
+    print(
+        f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
+    )
+    for turns, p50, p99, mean, c50, c99 in lat:
+        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
+    print(
+        f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
+    cost = await storage(conversations, 400 if quick else 2000)
+    n = cost.pop("messages")
+    print(f"\n== storing an exchange (user + reply), {n // 2} exchanges each, interleaved rounds")
+    print(f"{'':12} {'p50 ms':>8} {'mean ms':>8} {'file bytes/msg':>15}")
+    for name, (p50, mean, size) in cost.items():
+        print(f"{name:12} {p50:8.3f} {mean:8.3f} {size / n:15.0f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

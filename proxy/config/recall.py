@@ -1,0 +1,62 @@
+"""Config for recall: the ``recall:`` block of a trim or summarize policy.
+
+Read by proxy/config/loader.py and proxy/config/summarize.py; every error names
+the path of the bad key (``policies.support.recall.share: must be > 0 and <= 0.9, got 1.5``).
+"""
+
+from __future__ import annotations
+
+from policies.types import RecallSpec
+from proxy.config.node import Node
+from proxy.errors import ConfigError
+
+RECALL_KEYS = frozenset({"max_tokens", "share", "neighbors", "embeddings", "candidates"})
+# Lexical search only so far: semantic search (wordllama) is not built yet, and
+# a config that asks for it is refused rather than silently served without it.
+EMBEDDINGS = ("none",)
+
+
+def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
+    """The policy's ``recall:`` block; None when it has none.
+
+    ``has_budget``: whether the policy has a token budget a ``share`` can be of.
+    """
+    if node.raw("recall") is None:
+        return None
+    node = node.child("recall", set(RECALL_KEYS))
+    max_tokens = node.integer("max_tokens", minimum=16)
+    share = node.number("share", high=0.9)
+    if max_tokens is not None and share is not None:
+        raise ConfigError(node.at("share"), "give max_tokens or share, not both")
+    if share is not None and not has_budget:
+        raise ConfigError(
+            node.at("share"), "needs a token budget in the policy (max_tokens or context_fraction)"
+        )
+    if max_tokens is None and share is None:
+        if not has_budget:
+            raise ConfigError(node.path, "needs max_tokens (the policy has no token budget)")
+        share = 0.3
+    embeddings = node.text("embeddings", "none") or "none"
+    if embeddings == "wordllama":
+        raise ConfigError(
+            node.at("embeddings"),
+            "semantic recall (wordllama) is not available in this version; use none",
+        )
+    if embeddings not in EMBEDDINGS:
+        raise ConfigError(
+            node.at("embeddings"), f"must be one of {', '.join(EMBEDDINGS)}; got {embeddings!r}"
+        )
+    neighbors = node.integer("neighbors", 1, minimum=0)
+    candidates = node.integer("candidates", 40, minimum=1)
+    assert neighbors is not None and candidates is not None  # they have defaults
+    if neighbors > 5:
+        raise ConfigError(node.at("neighbors"), f"must be <= 5, got {neighbors}")
+    if candidates > 500:
+        raise ConfigError(node.at("candidates"), f"must be <= 500, got {candidates}")
+    return RecallSpec(
+        max_tokens=max_tokens,
+        share=share,
+        neighbors=neighbors,
+        embeddings=embeddings,
+        candidates=candidates,
+    )

@@ -1,0 +1,175 @@
+"""Recall on the request path: search the session's index, let the policy pick, report.
+
+The policy ran with its budget minus the recall reserve (Rewriter.budget);
+this step asks the recall index for the stored turns that match the newest
+user message (only those older than the last message the policy left out),
+checks that each hit is the very message at that position of this request
+(same content hash), and hands the hits to :func:`policies.recall.recall`.
+
+Never fails a request: an index error (a locked or corrupt database, a
+missing table, a backend that cannot search) serves the request without
+recall, marked ``error`` in the header, the row, the log line and the
+metrics. No work at all for policies without a ``recall:`` block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.modes import latest_user_text
+from policies.recall import Hit, Recalled, recall
+from policies.transcript import message_text
+from policies.types import CountFn, Decision, Message, RecallSpec
+from proxy.context.recall_query import query_terms, words_of
+from proxy.store.base import SessionRef
+from proxy.store.search import RecallIndex
+from proxy.telemetry.logging import get_logger
+from proxy.telemetry.metrics import Metrics
+
+log = get_logger()
+
+# Values of X-Context-Recall and the row's recall.status.
+RECALLED, NONE, ERROR, NO_SESSION, UNSUPPORTED = (
+    "recalled",
+    "none",
+    "error",
+    "no_session",
+    "unsupported",
+)
+
+
+@dataclass
+class RecallOutcome:
+    """What recall did for one request (header, row, log line, metrics)."""
+
+    status: str
+    recalled: Recalled = field(default_factory=Recalled)
+    budget: int = 0
+    terms: int = 0
+    candidates: int = 0
+    ms: float = 0.0
+    error: str | None = None
+    # The item ids of the recalled hits with their scores, best first.
+    items: list[tuple[int | None, float]] = field(default_factory=list)
+
+    def detail(self) -> dict[str, Any]:
+        """The request row's ``recall`` entry: bounded by the recall budget, not the session."""
+        r = self.recalled
+        out: dict[str, Any] = {
+            "status": self.status,
+            "turns": r.turns,
+            "messages": r.messages,
+            "tokens": r.tokens,
+            "budget": self.budget,
+            "spans": [list(s) for s in r.spans],
+            "hits": [[h.index, h.item_id, round(h.score, 4)] for h in r.hits],
+            "terms": self.terms,
+            "candidates": self.candidates,
+            "ms": round(self.ms, 3),
+        }
+        if r.position is not None:
+            out["position"] = r.position
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def _system_words(conversation: Sequence[Message]) -> frozenset[str]:
+    """Words of the leading system and developer messages: always forwarded, so a
+    query term from them (the assistant's or the user's name, the product) only
+    finds the turns that repeat them."""
+    out: set[str] = set()
+    for message in conversation[:4]:
+        if message.get("role") not in ("system", "developer"):
+            break
+        out |= words_of(message_text(message)[:4000])
+    return frozenset(out)
+
+
+class RecallService:
+    def __init__(self, index: RecallIndex | None, metrics: Metrics) -> None:
+        self._index = index
+        self._metrics = metrics
+
+    async def apply(
+        self,
+        *,
+        policy: str,
+        spec: RecallSpec,
+        budget: int,
+        ref: SessionRef | None,
+        conversation: Sequence[Message],
+        hashes: Sequence[str] | None,
+        decision: Decision,
+        count: CountFn,
+        sizes: Sequence[int] | None = None,
+    ) -> tuple[Decision, RecallOutcome]:
+        """``decision`` with recalled turns added (within ``budget`` tokens), and the outcome.
+
+        ``sizes``: the conversation's token counts by position, when known.
+        """
+        started = time.perf_counter()
+        outcome = RecallOutcome(status=NONE, budget=budget)
+        try:
+            if ref is None or hashes is None:
+                outcome.status = NO_SESSION
+            elif self._index is None:
+                outcome.status = UNSUPPORTED
+            elif decision.dropped and budget > 0:
+                decision = await self._recall(
+                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome
+                )
+        except Exception as exc:  # recall must never fail a request (see above)
+            outcome.status = ERROR
+            outcome.error = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("recall_failed", policy=policy, error=outcome.error)
+        outcome.ms = (time.perf_counter() - started) * 1000
+        self._observe(policy, outcome)
+        return decision, outcome
+
+    async def _recall(
+        self,
+        spec: RecallSpec,
+        budget: int,
+        ref: SessionRef,
+        conversation: Sequence[Message],
+        hashes: Sequence[str],
+        decision: Decision,
+        count: CountFn,
+        sizes: Sequence[int] | None,
+        outcome: RecallOutcome,
+    ) -> Decision:
+        assert self._index is not None
+        terms = query_terms(latest_user_text(conversation), exclude=_system_words(conversation))
+        outcome.terms = len(terms)
+        if not terms:
+            return decision
+        found = await self._index.search(
+            ref, terms, limit=spec.candidates, before=decision.dropped[-1] + 1
+        )
+        n = len(conversation)
+        # Only hits that are this request's message at that position (a stored
+        # item of another branch, or a position this request does not have, is not).
+        hits = [
+            Hit(h.position, h.score, h.item_id)
+            for h in found
+            if h.position < n and hashes[h.position] == h.content_hash
+        ]
+        outcome.candidates = len(hits)
+        decision, outcome.recalled = recall(
+            conversation, decision, hits, count, budget, neighbors=spec.neighbors, sizes=sizes
+        )
+        if outcome.recalled.spans:
+            outcome.status = RECALLED
+        return decision
+
+    def _observe(self, policy: str, outcome: RecallOutcome) -> None:
+        m = self._metrics
+        m.recall.inc((policy, outcome.status))
+        m.recall_seconds.observe((policy,), outcome.ms / 1000)
+        if outcome.recalled.spans:
+            m.recalled_turns.inc((policy,), outcome.recalled.turns)
+            m.recall_tokens.inc((policy,), outcome.recalled.tokens)

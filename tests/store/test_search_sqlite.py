@@ -1,0 +1,93 @@
+"""The SQLite recall index: the migration indexes existing databases, rows go with their items."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.store.base import MessageIn, SessionRef
+from proxy.store.migrations import MIGRATIONS
+from proxy.store.search_text import search_text
+from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite_search import SqliteRecallIndex
+from tests.store.test_search_contract import TEXTS, conversation
+from tests.stores import ALICE, req
+
+SHAPES: list[dict[str, Any]] = [
+    {"role": "user", "content": "plain text about Lyon"},
+    {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "image_url"}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "find", "arguments": '{"q":1}'}}
+        ],
+    },
+    {"type": "function_call", "name": "lookup", "arguments": '{"id": 7}', "call_id": "x"},
+    {"type": "function_call_output", "call_id": "x", "output": "found seven"},
+    {"type": "reasoning", "summary": []},
+]
+
+
+def fts_rows(path: Path) -> dict[int, tuple[str, str, int]]:
+    con = sqlite3.connect(path)
+    try:
+        rows = con.execute("SELECT rowid, scope, body, pos FROM items_fts").fetchall()
+    finally:
+        con.close()
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+def forget_index(path: Path) -> None:
+    """Make the database one from before the recall index (schema version 3)."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("DROP TRIGGER items_fts_delete")
+        con.execute("DROP TABLE items_fts")
+        con.execute("DELETE FROM schema_migrations WHERE version = ?", (len(MIGRATIONS),))
+        con.commit()
+    finally:
+        con.close()
+
+
+async def test_the_migration_indexes_an_existing_database_like_the_writer_does(tmp_path: Path):
+    path = tmp_path / "old.sqlite"
+    store = SqliteStore(path)
+    await store.open()
+    shapes = [MessageIn(m, hashlib.sha256(orjson.dumps(m)).hexdigest(), "user", 1) for m in SHAPES]
+    await store.record_exchange(ALICE, conversation(), None, req())
+    await store.record_exchange(SessionRef("t2", "k"), shapes, None, req("t2"))
+    await store.close()
+    written = fts_rows(path)
+    forget_index(path)
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        backfilled = fts_rows(path)
+        assert {k: (v[0], v[2]) for k, v in backfilled.items()} == {
+            k: (v[0], v[2]) for k, v in written.items()
+        }
+        for key, (_, body, _) in written.items():
+            assert backfilled[key][1].split() == body.split()
+        hits = await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=3)
+        assert [h.position for h in hits] == [2]
+    finally:
+        await store.close()
+    assert len(written) == len(TEXTS) + len([m for m in SHAPES if search_text(m)])
+
+
+async def test_index_rows_are_deleted_with_their_session(tmp_path: Path):
+    path = tmp_path / "s.sqlite"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await store.record_exchange(ALICE, conversation(), None, req())
+        assert len(fts_rows(path)) == len(TEXTS)
+        await store.delete_session(ALICE)
+        assert fts_rows(path) == {}
+    finally:
+        await store.close()
