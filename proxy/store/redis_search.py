@@ -48,21 +48,27 @@ def stem(word: str) -> str:
     return str(_PORTER.stemWord(word))
 
 
-def words(text: str) -> list[str]:
+def _tokens(text: str) -> list[str]:
     text = text.lower()
     if not text.isascii():
         decomposed = unicodedata.normalize("NFKD", text)
         text = "".join(c for c in decomposed if not unicodedata.combining(c))
-    return [stem(w) for w in _WORD.findall(text)]
+    return _WORD.findall(text)
+
+
+def words(text: str) -> list[str]:
+    return [stem(w) for w in _tokens(text)]
 
 
 def index_terms(message: Mapping[str, Any]) -> str:
     """An item's words for the store script: ``"<length> word:tf word:tf ..."`` ('' for none)."""
-    found = words(search_text(message))
+    found = _tokens(search_text(message))
     if not found:
         return ""
-    counts = Counter(found).most_common(MAX_WORDS)
-    return f"{len(found)} " + " ".join(f"{w}:{n}" for w, n in counts)
+    counts: Counter[str] = Counter()
+    for word, n in Counter(found).items():  # each distinct word stemmed once
+        counts[stem(word)] += n
+    return f"{len(found)} " + " ".join(f"{w}:{n}" for w, n in counts.most_common(MAX_WORDS))
 
 
 class RedisRecallIndex:
