@@ -9,10 +9,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True
 
 WORKDIR /app
+# The runtime lock first (its layer is cached until the lock changes): exactly the
+# versions `make serve` runs, each checked against its hash; then the project alone.
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY policies ./policies
-RUN pip install . \
+RUN pip install --no-deps . \
     && useradd --system --uid 10001 --home-dir /app ctxproxy \
     && mkdir -p /app/data /config \
     && chown ctxproxy /app/data \
@@ -21,6 +25,9 @@ RUN pip install . \
 import tiktoken; tiktoken.get_encoding('o200k_base'); tiktoken.get_encoding('cl100k_base')"
 
 COPY config.example.yaml /config/config.yaml
+# Relative paths in a config are taken from its folder: keep the store on the volume.
+RUN sed -i 's#path: ./data/ctxproxy.db#path: /app/data/ctxproxy.db#' /config/config.yaml \
+    && grep -q 'path: /app/data/ctxproxy.db' /config/config.yaml
 USER ctxproxy
 EXPOSE 8080
 VOLUME ["/app/data"]

@@ -1,33 +1,60 @@
 # Two entry points that work on a fresh machine: `make serve` and `make test`.
+# Both install exactly the versions pinned, with hashes, in the lock files
+# (requirements.lock: runtime; requirements-dev.lock: runtime + dev tools), so a
+# new release of a dependency changes nothing until `make lock` is run and committed.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime-installed
+DEV := $(VENV)/.dev-installed
+# The resolver behind `make lock` (uv's pip-compatible compile), itself pinned.
+UV_VERSION := 0.13.9
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
+	--custom-compile-command "make lock"
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench lock lock-upgrade clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-serve: $(STAMP)
-	mkdir -p data
+# The project itself goes in without dependencies: the lock brought them all.
+$(RUNTIME): requirements.lock pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+$(DEV): requirements-dev.lock pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(RUNTIME) $@
+
+serve: $(RUNTIME)
 	$(BIN)/python -m proxy --config config.example.yaml
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check proxy policies tests bench
 	$(BIN)/ruff format --check proxy policies tests bench
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+test: $(DEV) lint
 	$(BIN)/pytest -q
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/cache.py
+
+# After a change to the dependencies in pyproject.toml: pins what is new, keeps
+# every other pin (lock-upgrade moves everything to the newest allowed versions).
+lock: | $(BIN)/python
+	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
+	$(BIN)/uv pip compile pyproject.toml --extra dev $(LOCK_FLAGS) $(UPGRADE) \
+		-o requirements-dev.lock
+	$(BIN)/uv pip compile pyproject.toml $(LOCK_FLAGS) -c requirements-dev.lock \
+		-o requirements.lock
+
+lock-upgrade:
+	$(MAKE) lock UPGRADE=--upgrade
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,8 +1,11 @@
 """Proxy overhead: direct vs a minimal aiohttp pass-through vs ctxproxy, side by side.
 
-All three run on loopback against one fast fake upstream, each server in its
-own process; the load generator sends the same 20-message, ~4k-token body at
-concurrency 1 and 16, in A/B/C interleaved rounds so drift hits all alike.
+All run on loopback against one fast fake upstream, each server in its own
+process; the load generator sends the same 20-message, ~4k-token body at
+concurrency 1 and 16, in interleaved rounds so drift hits all alike.
+ctxproxy runs twice: on SQLite (the default) and, as ``ctxproxy-pg``, on the
+PostgreSQL store with Redis coordination (a fresh schema and key prefix,
+removed afterwards; ``--no-postgres`` leaves it out).
 Prints req/s, p50, p99 and the server's CPU time per request (the robust
 number on a shared machine) per target, and the ratios the issue sets targets
 for: ctxproxy keeps >= 60% of the pass-through's throughput at concurrency 16
@@ -10,6 +13,7 @@ and adds < 1 ms p50 at concurrency 1. Requests carry a session id (each
 exchange is stored, the history resent every time) unless --no-session.
 
     python bench/overhead.py [--rounds 3] [--requests 400] [--no-session]
+        [--postgres URL] [--redis URL] [--no-postgres]
 """
 
 from __future__ import annotations
@@ -140,10 +144,48 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def proxy_config(path: Path, up_port: int, store: dict[str, object], **extra: object) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "store": store,
+                "logging": {"level": "warning"},
+                "upstreams": {"fast": {"base_url": f"http://127.0.0.1:{up_port}/v1"}},
+                "routes": [{"match": {"path": "/v1/chat/completions"}, "upstream": "fast"}],
+                **extra,
+            }
+        )
+    )
+    return path
+
+
+async def drop_schema(url: str, schema: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def drop_keys(url: str, prefix: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url)
+    try:
+        keys = [k async for k in client.scan_iter(match=prefix + "*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
 async def main_async(args: argparse.Namespace) -> int:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     procs: list[subprocess.Popen[bytes]] = []
     tmp = tempfile.TemporaryDirectory()
+    schema = f"bench_{os.getpid()}"
     try:
         up_port, pass_port, proxy_port = free_port(), free_port(), free_port()
         procs.append(subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env))
@@ -153,16 +195,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 [sys.executable, "-c", PASSTHROUGH, str(pass_port), upstream_url], env=env
             )
         )
-        config = Path(tmp.name) / "config.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "store": {"path": str(Path(tmp.name) / "bench.db")},
-                    "logging": {"level": "warning"},
-                    "upstreams": {"fast": {"base_url": f"http://127.0.0.1:{up_port}/v1"}},
-                    "routes": [{"match": {"path": "/v1/chat/completions"}, "upstream": "fast"}],
-                }
-            )
+        config = proxy_config(
+            Path(tmp.name) / "config.yaml", up_port, {"path": str(Path(tmp.name) / "bench.db")}
         )
         procs.append(
             subprocess.Popen(
@@ -176,6 +210,32 @@ async def main_async(args: argparse.Namespace) -> int:
             "minimal": f"http://127.0.0.1:{pass_port}/v1/chat/completions",
             "ctxproxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
         }
+        pids = {"direct": procs[0].pid, "minimal": procs[1].pid, "ctxproxy": procs[2].pid}
+        if not args.no_postgres:
+            pg_port = free_port()
+            pg_config = proxy_config(
+                Path(tmp.name) / "pg.yaml",
+                up_port,
+                {"url": args.postgres, "schema": schema, "pool_size": 10},
+                coordination={"redis_url": args.redis, "key_prefix": f"bench:{schema}"},
+            )
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "proxy",
+                        "--config",
+                        str(pg_config),
+                        "--port",
+                        str(pg_port),
+                    ],
+                    env=env,
+                    cwd=REPO,
+                )
+            )
+            targets["ctxproxy-pg"] = f"http://127.0.0.1:{pg_port}/v1/chat/completions"
+            pids["ctxproxy-pg"] = procs[-1].pid
         for url in targets.values():
             await wait_ready(url)
         body = make_body()
@@ -184,7 +244,6 @@ async def main_async(args: argparse.Namespace) -> int:
             # One session, the same history resent every time: each request is stored.
             headers["X-Session-Id"] = "bench"
         results: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
-        pids = {"direct": procs[0].pid, "minimal": procs[1].pid, "ctxproxy": procs[2].pid}
         cpu: dict[tuple[str, int], list[float]] = {}
         # Warm every target first (connection pools, the tokenizer's one-time
         # load, SQLite caches), so the rounds measure the steady state.
@@ -202,16 +261,16 @@ async def main_async(args: argparse.Namespace) -> int:
                     entry[0].append(rps)
                     entry[1].extend(lat)
                     print(
-                        f"  round {rnd + 1} c={concurrency:<2} {name:<9} {rps:8.0f} req/s",
+                        f"  round {rnd + 1} c={concurrency:<2} {name:<11} {rps:8.0f} req/s",
                         flush=True,
                     )
         print()
         print(
-            f"{'target':<10} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/req':>11}"
+            f"{'target':<12} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/req':>11}"
         )
         for (name, concurrency), (rps_list, lat) in results.items():
             print(
-                f"{name:<10} {concurrency:>4} {statistics.median(rps_list):9.0f} "
+                f"{name:<12} {concurrency:>4} {statistics.median(rps_list):9.0f} "
                 f"{pct(lat, 0.5):8.3f} {pct(lat, 0.99):8.3f} "
                 f"{statistics.median(cpu[(name, concurrency)]):11.3f}"
             )
@@ -222,18 +281,23 @@ async def main_async(args: argparse.Namespace) -> int:
         def p50(name: str, c: int) -> float:
             return pct(results[(name, c)][1], 0.5)
 
-        print()
-        if ("ctxproxy", 16) in results:
-            ratio16 = rps("ctxproxy", 16) / rps("minimal", 16)
-            print(f"throughput ctxproxy/minimal at c=16: {ratio16:.2f} (target >= 0.60)")
-            print(
-                f"throughput ctxproxy/direct  at c=16: {rps('ctxproxy', 16) / rps('direct', 16):.2f}"
-            )
-        if ("ctxproxy", 1) in results:
-            added_direct = p50("ctxproxy", 1) - p50("direct", 1)
-            added_minimal = p50("ctxproxy", 1) - p50("minimal", 1)
-            print(f"p50 added at c=1 vs direct:  {added_direct:.3f} ms (target < 1 ms)")
-            print(f"p50 added at c=1 vs minimal: {added_minimal:.3f} ms")
+        for proxy in ("ctxproxy", "ctxproxy-pg"):
+            if proxy not in targets:
+                continue
+            print()
+            if (proxy, 16) in results:
+                ratio16 = rps(proxy, 16) / rps("minimal", 16)
+                print(f"throughput {proxy}/minimal at c=16: {ratio16:.2f} (target >= 0.60)")
+                print(
+                    f"throughput {proxy}/direct  at c=16: {rps(proxy, 16) / rps('direct', 16):.2f}"
+                )
+            if (proxy, 1) in results:
+                added_direct = p50(proxy, 1) - p50("direct", 1)
+                added_minimal = p50(proxy, 1) - p50("minimal", 1)
+                print(
+                    f"p50 added by {proxy} at c=1 vs direct:  {added_direct:.3f} ms (target < 1 ms)"
+                )
+                print(f"p50 added by {proxy} at c=1 vs minimal: {added_minimal:.3f} ms")
         return 0
     finally:
         for p in procs:
@@ -241,6 +305,9 @@ async def main_async(args: argparse.Namespace) -> int:
         for p in procs:
             p.wait(10)
         tmp.cleanup()
+        if not args.no_postgres:
+            await drop_schema(args.postgres, schema)
+            await drop_keys(args.redis, f"bench:{schema}:")
 
 
 def main() -> int:
@@ -252,6 +319,11 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument(
         "--no-session", action="store_true", help="send no session id (nothing is stored)"
+    )
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--no-postgres", action="store_true", help="leave out the PostgreSQL store's run"
     )
     return asyncio.run(main_async(parser.parse_args()))
 

@@ -62,6 +62,8 @@ class ModeRule:
 
     pattern: re.Pattern[str]
     mode: str
+    # Named in X-Context-Mode-Rule when it fires (the config's `name`, else rules[N]).
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class ModeChoice:
     mode: str | None
     # What chose it: "header", "rule", or "route".
     by: str
+    # The rule that fired (its name), when a rule chose.
+    rule: str | None = None
 
 
 def latest_user_text(messages: Sequence[Message]) -> str:
@@ -101,7 +105,7 @@ def select(
         return ModeChoice(requested, requested, "header")
     if rules:
         text = latest_user_text(messages)
-        for rule in rules:
+        for i, rule in enumerate(rules):
             if rule.pattern.search(text):
-                return ModeChoice(rule.mode, rule.mode, "rule")
+                return ModeChoice(rule.mode, rule.mode, "rule", rule.name or f"rules[{i}]")
     return ModeChoice(route_policy, route_policy if route_policy in modes else None, "route")

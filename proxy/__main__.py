@@ -1,7 +1,9 @@
-"""Command line: `python -m proxy [serve] --config PATH`, `python -m proxy check --config PATH`.
+"""The command line: ``ctxproxy`` (also ``python -m proxy``).
 
-Also `python -m proxy sessions list|show|delete|export ...` and
-`python -m proxy replay FILE --config PATH --policy NAME` (see proxy/ops/cli.py).
+``ctxproxy serve --config PATH`` (the default command), ``check`` (validate a
+config: every problem, each named by its path), ``schema`` (the config's JSON
+Schema), ``sessions list|show|delete|export`` and ``replay`` (see
+proxy/ops/cli.py).
 """
 
 from __future__ import annotations
@@ -9,34 +11,50 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import json
 import sys
 from collections.abc import Sequence
 
-from proxy.config.loader import load_config
+from proxy.config.loader import describe, load_config
 from proxy.config.model import Config
+from proxy.config.schema import config_schema
 from proxy.errors import ConfigError
+
+COMMANDS = ("serve", "check", "schema", "sessions", "replay")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m proxy", description=__doc__)
-    sub = parser.add_subparsers(dest="command")
-    for name, help_text in (
-        ("serve", "start the proxy (the default)"),
-        ("check", "validate a config file and exit"),
-    ):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--config", required=True, help="path to the YAML config")
-        if name == "serve":
-            p.add_argument("--host", help="override server.host")
-            p.add_argument("--port", type=int, help="override server.port")
+    from proxy.ops import cli
+
+    parser = argparse.ArgumentParser(
+        prog="ctxproxy",
+        description="An OpenAI-compatible proxy that manages conversation context.",
+        epilog="`ctxproxy COMMAND --help` describes a command; "
+        "`ctxproxy --config PATH` is `ctxproxy serve --config PATH`.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve_p = sub.add_parser("serve", help="start the proxy (the default command)")
+    serve_p.add_argument("--config", required=True, help="path to the YAML config")
+    serve_p.add_argument("--host", help="override server.host")
+    serve_p.add_argument("--port", type=int, help="override server.port")
+    check_p = sub.add_parser("check", help="validate a config file: every problem, then exit")
+    check_p.add_argument("--config", required=True, help="path to the YAML config")
+    schema_p = sub.add_parser("schema", help="print the config file's JSON Schema")
+    schema_p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    cli.add_commands(sub)
     return parser
+
+
+def schema_text() -> str:
+    """The JSON Schema as committed in config.schema.json."""
+    return json.dumps(config_schema(), indent=2) + "\n"
 
 
 def _load(path: str) -> Config | None:
     try:
         return load_config(path)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        print(describe(exc, path), file=sys.stderr)
         return None
 
 
@@ -74,13 +92,23 @@ def serve(config: Config, host: str | None, port: int | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("sessions", "replay"):
+    if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
+        args.insert(0, "serve")
+    if not args:
+        _parser().print_help(sys.stderr)
+        return 2
+    ns = _parser().parse_args(args)
+    if ns.command in ("sessions", "replay"):
         from proxy.ops import cli
 
-        return cli.main(args)
-    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
-        args.insert(0, "serve")
-    ns = _parser().parse_args(args)
+        return cli.run(ns)
+    if ns.command == "schema":
+        if ns.output:
+            with open(ns.output, "w") as f:
+                f.write(schema_text())
+        else:
+            sys.stdout.write(schema_text())
+        return 0
     config = _load(ns.config)
     if config is None:
         return 2
@@ -96,6 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     serve(config, ns.host, ns.port)
     return 0
+
+
+def console() -> None:
+    """The ``ctxproxy`` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -104,7 +104,10 @@ def create_app(
         config=config,
         store=store,
         calibration=calibration,
-        coordinator=build_coordinator(config.coordination, calibration),
+        # A store that checks fencing tokens (PostgreSQL) learns each new one.
+        coordinator=build_coordinator(
+            config.coordination, calibration, fence=getattr(store, "advance_fence", None)
+        ),
         upstreams=upstreams
         if upstreams is not None
         else {name: build_upstream(u) for name, u in config.upstreams.items()},

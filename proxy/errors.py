@@ -95,3 +95,19 @@ class ConfigError(Exception):
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}" if path else message)
         self.path = path
+        self.message = message
+
+
+class ConfigErrors(ConfigError):
+    """Every problem of one config file, reported at once (each names its path).
+
+    With one problem its text is that problem's, so a single mistake reads as before.
+    """
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        super().__init__(first.path, first.message)
+        self.errors = errors
+        if len(errors) > 1:
+            lines = "\n".join(f"  {e}" for e in errors)
+            self.args = (f"{len(errors)} problems:\n{lines}",)

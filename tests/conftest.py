@@ -24,8 +24,9 @@ from tests.fakes.responses import FakeResponses  # noqa: E402
 from tests.fakes.upstream import FakeUpstream  # noqa: E402
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
 
-# The store contract tests' fixtures: `store` (SQLite and in-memory) and `clock`.
-from tests.stores import clock, store  # noqa: E402, F401
+# The store contract tests' fixtures: `store` (every backend) and `clock`; the
+# PostgreSQL schemas of the run are dropped at its end.
+from tests.stores import clock, postgres_schemas, store  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
@@ -69,3 +70,18 @@ def start_proxy(
     yield start
     for proxy in started:
         proxy.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name each test skipped for want of ../shared/data (``-rs`` gives only the reason)."""
+    from tests.shared_data import REASON
+
+    skipped = [
+        r.nodeid
+        for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r.longrepr, tuple) and REASON in str(r.longrepr[2])
+    ]
+    if skipped:
+        terminalreporter.section(f"{len(skipped)} tests skipped: ../shared/data is absent")
+        for nodeid in skipped:
+            terminalreporter.line(nodeid)

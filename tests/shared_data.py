@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+# Every skip of a test for want of the shared data starts so: the summary lists those tests.
+REASON = "needs the shared data sets beside the checkout"
 
 
 def shared_file(name: str) -> Path:
     path = SHARED / "data" / name
     if not path.exists():
-        pytest.skip(f"../shared/data/{name} is not available")
+        pytest.skip(f"{REASON}: ../shared/data/{name} is not available")
     return path

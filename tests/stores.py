@@ -9,11 +9,12 @@ of its own, dropped when the store closes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from proxy.store.memory import MemoryStore
 from proxy.store.postgres import PostgresStore
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
-from tests.servers import RUN, require_postgres, require_redis
+from tests.servers import POSTGRES_URL, RUN, require_postgres, require_redis
 
 BACKENDS = ["sqlite", "memory", "redis", "postgres"]
 ALICE = SessionRef("tenant-a", "chat-1")
@@ -46,17 +47,52 @@ class ScratchRedisStore(RedisStore):
         await super().close()
 
 
+# Schemas of this run a closed scratch store emptied, ready for the next one:
+# migrating a fresh schema per store (the property tests make hundreds) is most
+# of what a PostgreSQL test costs. All of them are dropped when the run ends.
+_EMPTIED: list[str] = []
+_TABLES = "sessions, items, requests, responses, summaries"
+
+
 class ScratchPostgresStore(PostgresStore):
-    """A PostgreSQL store in a fresh schema of this test run, dropped on close."""
+    """A PostgreSQL store in an empty schema of this test run (``postgres_schemas`` drops them)."""
 
     def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, schema=f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}", **options)
+        schema = _EMPTIED.pop() if _EMPTIED else f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}"
+        super().__init__(url, schema=schema, **options)
 
     async def close(self) -> None:
         pool = self._pool
         if pool is not None:
-            await pool.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            await pool.execute(f"TRUNCATE {_TABLES} RESTART IDENTITY")
         await super().close()
+        if pool is not None and self.schema is not None:
+            _EMPTIED.append(self.schema)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def postgres_schemas() -> Iterator[None]:
+    """Drop every schema this run made, whether its test passed or not."""
+    yield
+
+    async def drop() -> None:
+        import asyncpg
+
+        try:
+            conn = await asyncpg.connect(POSTGRES_URL, timeout=5)
+        except OSError:
+            return  # never reached: nothing was made
+        try:
+            names = await conn.fetch(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE $1", f"ctxtest_{RUN}_%"
+            )
+            for (name,) in names:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        finally:
+            await conn.close()
+
+    _EMPTIED.clear()
+    asyncio.run(drop())
 
 
 def make_store(backend: str, directory: Path) -> Store:

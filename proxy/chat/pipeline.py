@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from policies.types import Decision, SummarizeSpec
 from proxy.chat.cache_step import CacheHints, cache_hints, measure_stable_prefix
-from proxy.chat.policy_step import choose_mode, summarize
+from proxy.chat.policy_step import choose_mode, mode_rule, summarize
 from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
 from proxy.config.model import RouteConfig
 from proxy.context.summaries import SummaryContext, SummaryOutcome
@@ -92,6 +92,7 @@ class ChatExchange:
         # and what became of the summary (summarize policies only).
         self.policy: str | None = None
         self.mode: str | None = None
+        self.mode_rule: str | None = None
         self.summary: SummaryOutcome | None = None
         self.summary_ctx: SummaryContext | None = None
         # Leading forwarded messages the session's previous request forwarded too.
@@ -167,6 +168,7 @@ class ChatExchange:
                 counts = [counts[i] for i in keep]
         choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
+        self.mode_rule = mode_rule(self.route, choice)
         spec = rt.rewriter.spec(self.policy)
         started = time.perf_counter()
         if isinstance(spec, SummarizeSpec):
@@ -365,6 +367,8 @@ class ChatExchange:
             h["x-context-policy"] = self.policy or self.route.policy
         if self.mode is not None:
             h["x-context-mode"] = self.mode
+        if self.mode_rule is not None:
+            h["x-context-mode-rule"] = self.mode_rule
         if self.summary is not None:
             h["x-context-summary"] = self.summary.status
             if self.summary.fallback is not None:

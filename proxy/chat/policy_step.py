@@ -24,6 +24,20 @@ from proxy.store.base import SessionRef
 MODE_HEADER = "x-context-mode"
 
 
+def mode_rule(route: RouteConfig, choice: ModeChoice) -> str | None:
+    """``X-Context-Mode-Rule`` on a route with modes: what chose the mode.
+
+    The name of the rule that fired, ``header`` when the request's
+    ``X-Context-Mode`` chose, ``none`` when neither did (the route's policy
+    serves): a newcomer can see why a request was, or was not, switched.
+    """
+    if route.modes is None:
+        return None
+    if choice.rule is not None:
+        return choice.rule
+    return "header" if choice.by == "header" else "none"
+
+
 def choose_mode(
     route: RouteConfig, conversation: Sequence[Message], headers: Mapping[str, str]
 ) -> ModeChoice:

@@ -1,19 +1,23 @@
 """Configuration: YAML parsed once into frozen, typed objects.
 
 Every problem is reported with the path of the bad key and the bad value
-(``policies.fit.low_water: must be > 0 and <= 1, got 1.5``). This is the only
-module that reads the environment (``os.environ/NAME`` references).
+(``policies.fit.low_water: must be > 0 and <= 1, got 1.5``), all of a file's
+problems at once (see proxy/config/node.py: the getters record and go on).
+Every string value may be an ``os.environ/NAME`` reference, resolved before
+parsing; every relative path is taken from the config file's folder; a key
+written twice in one mapping is an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from policies.types import NoneSpec, PolicySpec, TrimSpec
+from proxy.config.duplicates import duplicate_keys
 from proxy.config.masking import mask_spec
 from proxy.config.model import (
     ENV_PREFIX,
@@ -25,9 +29,20 @@ from proxy.config.model import (
     RouteMatch,
     ServerConfig,
     SessionConfig,
+    StoreConfig,
     UpstreamConfig,
 )
-from proxy.config.node import ANY, Node, duration, show
+from proxy.config.node import (
+    ANY,
+    EnvStr,
+    Node,
+    collecting,
+    duration,
+    report,
+    resolve_env,
+    section,
+    show,
+)
 from proxy.config.shared import (
     COORDINATION_KEYS,
     check_coordination,
@@ -40,14 +55,16 @@ from proxy.config.summarize import (
     route_modes,
     summarize_policy,
 )
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, ConfigErrors
+
+STORE_KEYS = {"path", "url", "pool_size", "schema", "key_prefix"}
 
 
 def _server(node: Node) -> ServerConfig:
     d = ServerConfig()
     return ServerConfig(
         host=node.text("host", d.host) or d.host,
-        port=node.integer("port", d.port, minimum=1) or d.port,
+        port=node.integer("port", d.port, minimum=1, maximum=65535) or d.port,
         max_body_bytes=node.integer("max_body_bytes", d.max_body_bytes, minimum=1024)
         or d.max_body_bytes,
     )
@@ -56,12 +73,15 @@ def _server(node: Node) -> ServerConfig:
 def _session(node: Node) -> SessionConfig:
     fallbacks = node.raw("fallbacks") or []
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
-        raise ConfigError(node.at("fallbacks"), f"must be a list of strings, got {show(fallbacks)}")
+        node.bad("fallbacks", f"must be a list of strings, got {show(fallbacks)}")
+        fallbacks = []
     for i, f in enumerate(fallbacks):
         if f not in ("body.user", "body.metadata.session_id") and not f.startswith("header:"):
-            raise ConfigError(
-                f"{node.at('fallbacks')}[{i}]",
-                f"must be body.user, body.metadata.session_id or header:NAME, got {f!r}",
+            report(
+                ConfigError(
+                    f"{node.at('fallbacks')}[{i}]",
+                    f"must be body.user, body.metadata.session_id or header:NAME, got {f!r}",
+                )
             )
     return SessionConfig(
         header=node.text("header", "X-Session-Id") or "X-Session-Id",
@@ -74,12 +94,31 @@ def _admin(node: Node) -> AdminConfig:
     raw = node.raw("api_key")
     if raw is None:
         return AdminConfig()
-    if not isinstance(raw, str) or not raw.startswith(ENV_PREFIX):
+    if not isinstance(raw, EnvStr) and not (isinstance(raw, str) and raw.startswith(ENV_PREFIX)):
         # The admin key reads and deletes every tenant's history: keep it out of the file.
         raise ConfigError(
             node.at("api_key"), "must be an os.environ/NAME reference, not the key itself"
         )
     return AdminConfig(api_key=node.text("api_key", env=True))
+
+
+def _upstream_at(name: str, raw: Any) -> UpstreamConfig:
+    node = Node(
+        f"upstreams.{name}",
+        raw,
+        {
+            "base_url",
+            "litellm_model",
+            "api_base",
+            "api_key",
+            "timeout_s",
+            "connect_timeout_s",
+            "headers",
+            "responses",
+            "cache",
+        },
+    )
+    return _upstream(name, node)
 
 
 def _upstream(name: str, node: Node) -> UpstreamConfig:
@@ -124,6 +163,10 @@ def _cache(node: Node) -> CacheConfig:
     )
 
 
+def _policy_at(name: str, raw: Any, base_dir: Path, upstreams: Mapping[str, Any]) -> PolicySpec:
+    return _policy(name, Node(f"policies.{name}", raw, ANY), base_dir, upstreams)
+
+
 def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> PolicySpec:
     strategy = node.text("strategy")
     if strategy == "summarize":
@@ -163,6 +206,24 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
     )
 
 
+def _routes(raw_routes: Any, upstreams: Mapping[str, Any], policies: Mapping[str, Any]) -> Any:
+    if not isinstance(raw_routes, list) or not raw_routes:
+        raise ConfigError("routes", "must be a non-empty list")
+    routes = []
+    for i, r in enumerate(raw_routes):
+        route = section(_route_at, i, r, upstreams, policies)
+        if route is not None:
+            routes.append(route)
+    return tuple(routes)
+
+
+def _route_at(
+    index: int, raw: Any, upstreams: Mapping[str, Any], policies: Mapping[str, Any]
+) -> RouteConfig:
+    keys = {"name", "match", "upstream", "policy", "history", "modes"}
+    return _route(index, Node(f"routes[{index}]", raw, keys), upstreams, policies)
+
+
 def _route(
     index: int, node: Node, config_upstreams: Mapping[str, Any], pols: Mapping[str, Any]
 ) -> RouteConfig:
@@ -188,8 +249,26 @@ def _route(
     )
 
 
-def parse_config(data: Any, source: str | None = None) -> Config:
-    root = Node(
+def parse_config(
+    data: Any, source: str | None = None, *, problems: Sequence[ConfigError] = ()
+) -> Config:
+    """The typed config; a ConfigErrors (a ConfigError) listing every problem otherwise.
+
+    ``problems`` found before parsing (duplicate keys) are reported with the rest.
+    """
+    # Relative paths (store.path, a summarizer's prompt_file) are the config file's.
+    folder = Path(source).absolute().parent if source else None
+    with collecting(folder):
+        for problem in problems:
+            report(problem)
+        config = _parse(resolve_env(data), source, folder or Path.cwd())
+    assert config is not None  # collecting() raised if any part failed
+    return config
+
+
+def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
+    root = section(
+        Node,
         "",
         data,
         {
@@ -204,84 +283,106 @@ def parse_config(data: Any, source: str | None = None) -> Config:
             "admin",
         },
     )
+    if root is None:
+        return None
     ups = root.raw("upstreams")
     if not isinstance(ups, Mapping) or not ups:
-        raise ConfigError("upstreams", "must be a non-empty mapping of name to upstream")
-    upstreams = {
-        str(name): _upstream(
-            str(name),
-            Node(
-                f"upstreams.{name}",
-                body,
-                {
-                    "base_url",
-                    "litellm_model",
-                    "api_base",
-                    "api_key",
-                    "timeout_s",
-                    "connect_timeout_s",
-                    "headers",
-                    "responses",
-                    "cache",
-                },
-            ),
-        )
-        for name, body in ups.items()
-    }
+        report(ConfigError("upstreams", "must be a non-empty mapping of name to upstream"))
+        ups = {}
+    upstreams: dict[str, UpstreamConfig] = {}
+    for name, body in ups.items():
+        upstream = section(_upstream_at, str(name), body)
+        if upstream is not None:
+            upstreams[str(name)] = upstream
+    # What routes and summarizers may name: an upstream with a problem of its own
+    # is still a name, so the reference is not reported as well.
+    upstream_names: Mapping[str, Any] = {**{str(n): None for n in ups}, **upstreams}
     raw_policies = root.raw("policies") or {}
     if not isinstance(raw_policies, Mapping):
-        raise ConfigError("policies", f"must be a mapping, got {show(raw_policies)}")
+        report(ConfigError("policies", f"must be a mapping, got {show(raw_policies)}"))
+        raw_policies = {}
     # Built in: passthrough and the three context modes (the file may redefine a mode).
     policies: dict[str, PolicySpec] = {"passthrough": NoneSpec(), **BUILTIN_MODES}
-    # A summarizer's prompt_file is relative to the config file.
-    base_dir = Path(source).parent if source else Path.cwd()
     for name, body in raw_policies.items():
-        node = Node(f"policies.{name}", body, ANY)
-        policies[str(name)] = _policy(str(name), node, base_dir, upstreams)
-    raw_routes = root.raw("routes")
-    if not isinstance(raw_routes, list) or not raw_routes:
-        raise ConfigError("routes", "must be a non-empty list")
-    routes = tuple(
-        _route(
-            i,
-            Node(f"routes[{i}]", r, {"name", "match", "upstream", "policy", "history", "modes"}),
-            upstreams,
-            policies,
-        )
-        for i, r in enumerate(raw_routes)
+        spec = section(_policy_at, str(name), body, base_dir, upstream_names)
+        if spec is not None:
+            policies[str(name)] = spec
+    policy_names: Mapping[str, Any] = {**{str(n): None for n in raw_policies}, **policies}
+    routes = section(lambda: _routes(root.raw("routes"), upstream_names, policy_names))
+    logging = section(lambda: _logging(root.child("logging", {"level", "format"})))
+    store = section(lambda: store_config(root.child("store", STORE_KEYS)))
+    coordination = section(
+        lambda: coordination_config(root.child("coordination", COORDINATION_KEYS))
     )
-    log = root.child("logging", {"level", "format"})
-    level = (log.text("level", "info") or "info").lower()
-    if level not in ("debug", "info", "warning", "error"):
-        raise ConfigError("logging.level", f"must be debug, info, warning or error, got {level!r}")
-    fmt = log.text("format", "auto") or "auto"
-    if fmt not in ("auto", "json", "console"):
-        raise ConfigError("logging.format", f"must be auto, json or console, got {fmt!r}")
-    store = store_config(root.child("store", {"path", "url", "pool_size", "schema", "key_prefix"}))
-    coordination = coordination_config(root.child("coordination", COORDINATION_KEYS))
-    check_coordination(store, coordination)
+    if store is not None and coordination is not None:
+        section(check_coordination, store, coordination)
+    server = section(lambda: _server(root.child("server", {"host", "port", "max_body_bytes"})))
+    session = section(lambda: _session(root.child("session", {"header", "fallbacks", "ttl"})))
+    admin = section(lambda: _admin(root.child("admin", {"api_key"})))
+    if routes is None or logging is None or store is None or server is None:
+        return None
+    if session is None or admin is None or coordination is None:
+        return None
     return Config(
         upstreams=upstreams,
         routes=routes,
         policies=policies,
-        server=_server(root.child("server", {"host", "port", "max_body_bytes"})),
-        session=_session(root.child("session", {"header", "fallbacks", "ttl"})),
+        server=server,
+        session=session,
         store=store,
         coordination=coordination,
-        logging=LoggingConfig(level=level, format=fmt),  # type: ignore[arg-type]
-        admin=_admin(root.child("admin", {"api_key"})),
+        logging=logging,
+        admin=admin,
         source=source,
     )
 
 
-def load_config(path: str | Path) -> Config:
+def _logging(log: Node) -> LoggingConfig:
+    level = (log.text("level", "info") or "info").lower()
+    if level not in ("debug", "info", "warning", "error"):
+        log.bad("level", f"must be debug, info, warning or error, got {level!r}")
+        level = "info"
+    fmt = log.text("format", "auto") or "auto"
+    if fmt not in ("auto", "json", "console"):
+        log.bad("format", f"must be auto, json or console, got {fmt!r}")
+        fmt = "auto"
+    return LoggingConfig(level=level, format=fmt)  # type: ignore[arg-type]
+
+
+def read_yaml(path: str | Path) -> tuple[Any, list[ConfigError]]:
+    """The file's YAML and its duplicate keys; ConfigError if unreadable or not YAML."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError("", f"cannot read config file {str(p)!r}: {exc.strerror}") from exc
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text), duplicate_keys(text)
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{p}: invalid YAML: {exc}") from exc
-    return parse_config(data, source=str(p))
+
+
+def load_config(path: str | Path) -> Config:
+    data, duplicates = read_yaml(path)
+    return parse_config(data, source=str(path), problems=duplicates)
+
+
+def store_section(data: Any, source: str | Path) -> StoreConfig:
+    """Only the file's ``store`` section (its ``os.environ/`` and relative path resolved).
+
+    What the session commands need, without the rest of the file: resolving
+    it all would demand every secret it names (upstream and admin keys).
+    """
+    with collecting(Path(source).absolute().parent):
+        raw = data.get("store") if isinstance(data, Mapping) else None
+        store = section(lambda: store_config(Node("store", resolve_env(raw, "store"), STORE_KEYS)))
+    assert store is not None  # collecting() raised otherwise
+    return store
+
+
+def describe(exc: ConfigError, path: str | Path) -> str:
+    """A config error for a terminal: every problem on its own line."""
+    if isinstance(exc, ConfigErrors) and len(exc.errors) > 1:
+        lines = "".join(f"\n  {e}" for e in exc.errors)
+        return f"config error: {path}: {len(exc.errors)} problems{lines}"
+    return f"config error: {exc}"

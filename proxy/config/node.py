@@ -1,14 +1,133 @@
-"""Reading one mapping of the YAML: typed getters whose errors name the key's path."""
+"""Reading one mapping of the YAML: typed getters whose errors name the key's path.
+
+Inside :func:`collecting` (the loader parses every file that way) a getter
+that meets a bad value records the problem and answers its default, an
+unknown key is recorded and skipped, and :func:`section` records an error
+that aborts one part (an upstream, a policy, a route): the file's problems
+are then raised together, as one :class:`~proxy.errors.ConfigErrors`.
+Outside it, the first problem raises, as a plain :class:`ConfigError`.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
 from proxy.config.model import ENV_PREFIX
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, ConfigErrors
+
+T = TypeVar("T")
+
+
+class EnvStr(str):
+    """A string read from the environment through an ``os.environ/NAME`` reference."""
+
+    env_name: str
+
+    def __new__(cls, value: str, env_name: str) -> EnvStr:
+        self = super().__new__(cls, value)
+        self.env_name = env_name
+        return self
+
+
+@dataclass
+class Parse:
+    """One file being parsed: its problems so far, and the folder its paths are relative to."""
+
+    # None: the config came from no file; relative paths stay as written (the cwd's).
+    base_dir: Path | None
+    problems: list[ConfigError] = field(default_factory=list)
+    # Every mapping read and the keys it allows (None: any): the schema's drift test.
+    nodes: list[tuple[str, frozenset[str] | None]] = field(default_factory=list)
+
+    def add(self, error: ConfigError) -> None:
+        # One problem per path: a value already reported bad (an unset variable,
+        # a wrong type) is not reported again by what read it next, nor is its
+        # mapping's complaint that follows from the default used instead.
+        if not any(_related(error.path, seen.path) for seen in self.problems):
+            self.problems.append(error)
+
+
+def _related(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if not a or not b:
+        return False
+    inner, outer = (a, b) if len(a) > len(b) else (b, a)
+    return inner.startswith((outer + ".", outer + "["))
+
+
+_PARSE: ContextVar[Parse | None] = ContextVar("ctxproxy_config_parse", default=None)
+
+
+@contextmanager
+def collecting(base_dir: Path | None) -> Iterator[Parse]:
+    """Collect every problem met inside; raise them together at the end."""
+    parse = Parse(base_dir)
+    token = _PARSE.set(parse)
+    try:
+        yield parse
+    except ConfigError as exc:
+        # Raised outside any section(): it ends the parse, with what was found before.
+        parse.add(exc)
+    finally:
+        _PARSE.reset(token)
+    if parse.problems:
+        raise ConfigErrors(parse.problems)
+
+
+def report(error: ConfigError) -> None:
+    """Record a problem and carry on (inside :func:`collecting`); raise it otherwise."""
+    parse = _PARSE.get()
+    if parse is None:
+        raise error
+    parse.add(error)
+
+
+def section(read: Callable[..., T], *args: Any) -> T | None:
+    """``read(*args)``, or None when it raised a ConfigError (recorded: the rest goes on)."""
+    try:
+        return read(*args)
+    except ConfigError as exc:
+        report(exc)
+        return None
+
+
+def resolve_path(value: str) -> str:
+    """A path from the config, relative ones taken from the config file's folder."""
+    parse = _PARSE.get()
+    if value == ":memory:" or parse is None or parse.base_dir is None:
+        return value
+    path = Path(value).expanduser()
+    return os.path.normpath(path if path.is_absolute() else parse.base_dir / path)
+
+
+def resolve_env(value: Any, path: str = "") -> Any:
+    """``value`` with every ``os.environ/NAME`` string replaced by the variable's value.
+
+    An unset (or empty) variable is a problem named by the key's path; its
+    value is left as written.
+    """
+    if isinstance(value, str):
+        if not value.startswith(ENV_PREFIX) or isinstance(value, EnvStr):
+            return value
+        name = value[len(ENV_PREFIX) :]
+        resolved = os.environ.get(name)
+        if not resolved:
+            report(ConfigError(path, f"environment variable {name} is not set"))
+            return value
+        return EnvStr(resolved, name)
+    if isinstance(value, Mapping):
+        return {k: resolve_env(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 class Node:
@@ -19,12 +138,15 @@ class Node:
             value = {}
         if not isinstance(value, Mapping):
             raise ConfigError(path, f"must be a mapping, got {show(value)}")
+        parse = _PARSE.get()
+        if parse is not None:
+            parse.nodes.append((path, None if isinstance(allowed, AnyKeys) else frozenset(allowed)))
         unknown = sorted(str(k) for k in value if k not in allowed)
-        if unknown:
-            where = f"{path}.{unknown[0]}" if path else unknown[0]
-            raise ConfigError(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        for key in unknown:
+            where = f"{path}.{key}" if path else key
+            report(ConfigError(where, f"unknown key (allowed: {', '.join(sorted(allowed))})"))
         self.path = path
-        self.value: Mapping[str, Any] = value
+        self.value: Mapping[str, Any] = {k: v for k, v in value.items() if k in allowed}
 
     def at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -35,19 +157,28 @@ class Node:
     def raw(self, key: str) -> Any:
         return self.value.get(key)
 
-    def text(self, key: str, default: str | None = None, *, env: bool = False) -> str | None:
+    def bad(self, key: str, message: str) -> None:
+        """Report a bad value of ``key`` (the caller then uses its default)."""
+        report(ConfigError(self.at(key), message))
+
+    def text(self, key: str, default: str | None = None, *, env: bool = True) -> str | None:
+        # Every string may be an os.environ/NAME reference (the loader resolves
+        # them all up front; this covers a Node read outside the loader).
         if not self.has(key):
             return default
         value = self.value[key]
         if not isinstance(value, str):
-            raise ConfigError(self.at(key), f"must be a string, got {show(value)}")
-        if env and value.startswith(ENV_PREFIX):
-            name = value[len(ENV_PREFIX) :]
-            resolved = os.environ.get(name)
-            if not resolved:
-                raise ConfigError(self.at(key), f"environment variable {name} is not set")
-            return resolved
+            self.bad(key, f"must be a string, got {show(value)}")
+            return default
+        if env and value.startswith(ENV_PREFIX) and not isinstance(value, EnvStr):
+            resolved = resolve_env(value, self.at(key))
+            return default if resolved is value else str(resolved)
         return value
+
+    def path_value(self, key: str, default: str | None = None) -> str | None:
+        """A filesystem path: relative ones are taken from the config file's folder."""
+        value = self.text(key, default)
+        return None if value is None else resolve_path(value)
 
     def required_str(self, key: str) -> str:
         value = self.text(key)
@@ -55,14 +186,28 @@ class Node:
             raise ConfigError(self.at(key), "is required")
         return value
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int | None:
+    def integer(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        minimum: int = 0,
+        maximum: int | None = None,
+    ) -> int | None:
         if not self.has(key):
             return default
         value = self.value[key]
+        if isinstance(value, EnvStr) and value.strip().lstrip("-").isdigit():
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.at(key), f"must be an integer, got {show(value)}")
+            self.bad(key, f"must be an integer, got {show(value)}")
+            return default
         if value < minimum:
-            raise ConfigError(self.at(key), f"must be >= {minimum}, got {value}")
+            self.bad(key, f"must be >= {minimum}, got {value}")
+            return default
+        if maximum is not None and value > maximum:
+            self.bad(key, f"must be <= {maximum}, got {value}")
+            return default
         return value
 
     def number(
@@ -71,21 +216,28 @@ class Node:
         if not self.has(key):
             return default
         value = self.value[key]
+        if isinstance(value, EnvStr):
+            with suppress(ValueError):
+                value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(self.at(key), f"must be a number, got {show(value)}")
+            self.bad(key, f"must be a number, got {show(value)}")
+            return default
         if value <= low or (high is not None and value > high):
             bound = f"> {low}" + (f" and <= {high}" if high is not None else "")
-            raise ConfigError(self.at(key), f"must be {bound}, got {value}")
+            self.bad(key, f"must be {bound}, got {value}")
+            return default
         return float(value)
 
     def str_map(self, key: str) -> dict[str, str]:
         value = self.raw(key) or {}
         if not isinstance(value, Mapping):
-            raise ConfigError(self.at(key), f"must be a mapping, got {show(value)}")
+            self.bad(key, f"must be a mapping, got {show(value)}")
+            return {}
         out: dict[str, str] = {}
         for k, v in value.items():
             if not isinstance(v, str):
-                raise ConfigError(f"{self.at(key)}.{k}", f"must be a string, got {show(v)}")
+                report(ConfigError(f"{self.at(key)}.{k}", f"must be a string, got {show(v)}"))
+                continue
             out[str(k)] = v
         return out
 
@@ -108,9 +260,8 @@ def duration(node: Node, key: str) -> float | None:
     value = node.raw(key)
     found = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
     if found is None or float(found.group(1)) <= 0:
-        raise ConfigError(
-            node.at(key), f"must be a positive duration like 30m, 12h or 7d, got {show(value)}"
-        )
+        node.bad(key, f"must be a positive duration like 30m, 12h or 7d, got {show(value)}")
+        return None
     return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
 
 

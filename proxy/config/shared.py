@@ -60,7 +60,8 @@ def store_config(node: Node) -> StoreConfig:
     if prefix is not None and (url is None or urlsplit(url).scheme.lower() not in REDIS_SCHEMES):
         raise ConfigError(node.at("key_prefix"), "applies to a redis:// store only")
     return StoreConfig(
-        path=node.text("path", d.path) or d.path,
+        # Relative to the config file's folder, like every path in it.
+        path=node.path_value("path", d.path) or d.path,
         url=url,
         pool_size=node.integer("pool_size", d.pool_size, minimum=1) or d.pool_size,
         schema=schema,

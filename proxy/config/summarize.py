@@ -140,7 +140,7 @@ def route_modes(node: Node) -> ModesConfig | None:
         raise ConfigError(modes.at("rules"), "must be a list of {match, mode}")
     rules = []
     for i, raw in enumerate(raw_rules):
-        rule = Node(f"{modes.at('rules')}[{i}]", raw, {"match", "mode"})
+        rule = Node(f"{modes.at('rules')}[{i}]", raw, {"match", "mode", "name"})
         pattern = rule.required_str("match")
         mode = rule.required_str("mode")
         if mode not in MODES:
@@ -151,5 +151,5 @@ def route_modes(node: Node) -> ModesConfig | None:
             raise ConfigError(
                 rule.at("match"), f"is not a valid regular expression: {exc}"
             ) from exc
-        rules.append(ModeRule(compiled, mode))
+        rules.append(ModeRule(compiled, mode, rule.text("name") or f"rules[{i}]"))
     return ModesConfig(header=header is True, rules=tuple(rules))

@@ -14,6 +14,7 @@ partition) can never overwrite what the next holder wrote.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from proxy.errors import ProxyError
@@ -38,6 +39,11 @@ class SessionLockTimeout(ProxyError):
     status = 503
     type = "server_error"
     code = "session_busy"
+
+
+# Told each new fencing token before the holder reads the session (a shared SQL
+# store's ``advance_fence``): writes with older tokens are refused from then on.
+FenceHook = Callable[[SessionRef, int], Awaitable[None]]
 
 
 class SessionLocks(Protocol):

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from proxy.context.calibration import Calibration
+from proxy.coordination.base import FenceHook
 from proxy.coordination.calibration_share import CalibrationShare
 from proxy.coordination.redis_flights import RedisFlights
 from proxy.coordination.redis_locks import RedisSessionLocks
@@ -41,6 +42,7 @@ class RedisCoordinator:
         wait_s: float = 120.0,
         calibration: Calibration | None = None,
         calibration_interval: float = 2.0,
+        fence: FenceHook | None = None,
     ) -> None:
         # This instance's name in owners, claims and the calibration hash.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -49,7 +51,7 @@ class RedisCoordinator:
         )
         self.prefix = prefix
         self.locks = RedisSessionLocks(
-            self.client, prefix, lease_s=lease_s, wait_s=wait_s, instance=self.instance
+            self.client, prefix, lease_s=lease_s, wait_s=wait_s, instance=self.instance, fence=fence
         )
         self.flights = RedisFlights(self.client, prefix, self.instance)
         self._share = (

@@ -14,6 +14,11 @@ grows with every acquisition, and keeps growing across a Redis restart that
 lost every key (a plain INCR counter would start again at 1, and the store
 would then refuse every write of sessions it knew).
 
+With a shared SQL store, the new token is handed to it (``fence``) before the
+holder reads anything, so from then on the store refuses writes with older
+tokens: a holder whose lease lapsed (an event loop stalled past two thirds of
+the lease) cannot write after the next holder began, whichever writes first.
+
 On a Redis error while acquiring: ``CoordinationUnavailable`` (503), the
 request is refused before anything is read or sent. On one while renewing or
 releasing: logged; the lock expires on its own, and the store's fence check
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from proxy.coordination.base import CoordinationUnavailable, SessionLockTimeout
+from proxy.coordination.base import CoordinationUnavailable, FenceHook, SessionLockTimeout
 from proxy.http.sessions import SessionLocks as LocalLocks
 from proxy.store.base import SessionRef
 from proxy.telemetry.logging import get_logger
@@ -88,8 +93,16 @@ class _Held:
 
 class RedisSessionLocks:
     def __init__(
-        self, client: Redis, prefix: str, *, lease_s: float, wait_s: float, instance: str
+        self,
+        client: Redis,
+        prefix: str,
+        *,
+        lease_s: float,
+        wait_s: float,
+        instance: str,
+        fence: FenceHook | None = None,
     ) -> None:
+        self._fence = fence
         self._client = client
         self._prefix = prefix
         self.lease_s = lease_s
@@ -114,6 +127,13 @@ class RedisSessionLocks:
             self._local.release(ref)
             raise
         self._held[ref] = held
+        if self._fence is not None:
+            try:
+                # Before the holder reads: a lapsed holder's late write is refused.
+                await self._fence(ref, held.token)
+            except BaseException:
+                self.release(ref)
+                raise
         return held.token
 
     async def _acquire_remote(self, ref: SessionRef) -> _Held:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from proxy.config.model import CoordinationConfig
 from proxy.context.calibration import Calibration
-from proxy.coordination.base import Coordinator
+from proxy.coordination.base import Coordinator, FenceHook
 from proxy.coordination.local import LocalCoordinator
 
 
-def build_coordinator(config: CoordinationConfig, calibration: Calibration) -> Coordinator:
+def build_coordinator(
+    config: CoordinationConfig, calibration: Calibration, *, fence: FenceHook | None = None
+) -> Coordinator:
+    """``fence``: the store's ``advance_fence`` when it checks fencing tokens (PostgreSQL)."""
     if config.redis_url is None:
         return LocalCoordinator()
     from proxy.coordination.redis import RedisCoordinator
@@ -19,4 +22,5 @@ def build_coordinator(config: CoordinationConfig, calibration: Calibration) -> C
         lease_s=config.lock_lease_s,
         wait_s=config.lock_wait_s,
         calibration=calibration,
+        fence=fence,
     )

@@ -16,7 +16,7 @@ from proxy.config.loader import load_config
 from proxy.config.model import Config
 from proxy.context.model_info import context_window
 from proxy.context.rewriter import Rewriter
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, ConfigErrors
 from proxy.runtime import Runtime
 from proxy.telemetry.logging import configure_logging, get_logger
 
@@ -41,7 +41,13 @@ class Reloader:
                 config = await asyncio.to_thread(load_config, self.path)
             except ConfigError as exc:
                 self.runtime.metrics.reloads.inc(("rejected",))
-                log.error("config_reload_rejected", path=self.path, error=str(exc))
+                problems = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+                log.error(
+                    "config_reload_rejected",
+                    path=self.path,
+                    error=str(exc),
+                    problems=[str(p) for p in problems],
+                )
                 return False
             await self._apply(config)
             return True

@@ -19,7 +19,7 @@ from typing import TextIO
 import orjson
 
 from policies.types import Decision, Message, SummarizeSpec
-from proxy.config.loader import load_config
+from proxy.config.loader import describe, load_config
 from proxy.config.model import Config
 from proxy.context.offline_summaries import OfflineSummaries
 from proxy.context.summarizer import EXTRACTIVE_MODEL
@@ -46,7 +46,7 @@ def _load(path: str, err: TextIO) -> Config | None:
     try:
         return load_config(path)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=err)
+        print(describe(exc, path), file=err)
         return None
 
 

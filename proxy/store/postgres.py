@@ -41,6 +41,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
+from proxy.store.postgres_history import ITEM_COLUMNS, HistoryCache
 from proxy.store.postgres_schema import migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_summaries import covering
@@ -57,22 +58,6 @@ _SESSION_INFO = """
         (SELECT COALESCE(SUM(i.token_count), 0) FROM items i
             WHERE i.session_id = s.id) AS stored_tokens
     FROM sessions s
-"""
-
-_ITEM_COLUMNS = (
-    "items.id, items.session_id, items.parent_id, items.path_hash, items.content_hash,"
-    " items.role, items.token_count, items.message_json, items.status, items.created_at"
-)
-
-_HISTORY = f"""
-    WITH RECURSIVE chain (id, depth) AS (
-        SELECT head_item_id, 0 FROM sessions
-            WHERE tenant = $1 AND key = $2 AND head_item_id IS NOT NULL
-        UNION ALL
-        SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
-            WHERE items.parent_id IS NOT NULL
-    )
-    SELECT {_ITEM_COLUMNS} FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
 """
 
 _RESPONSE = """
@@ -126,6 +111,7 @@ class PostgresStore:
         self.pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._chains = ChainCache()
+        self._histories = HistoryCache()
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:
@@ -200,7 +186,23 @@ class PostgresStore:
         return asyncio.ensure_future(self.record_exchange(session, conversation, reply, request))
 
     async def history(self, session: SessionRef) -> list[StoredItem]:
-        return [item_from_row(r) for r in await self._fetch(_HISTORY, session.tenant, session.key)]
+        """The chain to the head, from this instance's cache once PostgreSQL says it is current."""
+        async with self.pool.acquire() as conn:
+            return await self._histories.history(conn, session)
+
+    async def advance_fence(self, session: SessionRef, token: int) -> None:
+        """A new holder of the session's lock: from now on, writes with older tokens are refused.
+
+        Called when the lock is taken, before the holder reads anything, so a
+        holder whose lease lapsed cannot write after the next holder began,
+        whoever writes first. Not a write of the session: no version bump.
+        """
+        await self.pool.execute(
+            "UPDATE sessions SET fence = GREATEST(fence, $3) WHERE tenant = $1 AND key = $2",
+            session.tenant,
+            session.key,
+            token,
+        )
 
     async def session_version(self, session: SessionRef) -> int:
         """The session's write counter (0: no such session); every write bumps it."""
@@ -241,6 +243,7 @@ class PostgresStore:
 
     async def delete_session(self, session: SessionRef) -> bool:
         self._chains.forget(session)
+        self._histories.forget(session)
 
         async def job(conn: Any) -> bool:
             await conn.execute(
@@ -303,11 +306,11 @@ class PostgresStore:
         return found is not None
 
     async def response_chain(self, tenant: str, response_id: str) -> list[StoredItem]:
-        query = _RESPONSE_CHAIN.format(end="head_item_id", columns=_ITEM_COLUMNS)
+        query = _RESPONSE_CHAIN.format(end="head_item_id", columns=ITEM_COLUMNS)
         return [item_from_row(r) for r in await self._fetch(query, tenant, response_id)]
 
     async def response_input_items(self, tenant: str, response_id: str) -> list[StoredItem]:
-        query = _RESPONSE_CHAIN.format(end="input_head_item_id", columns=_ITEM_COLUMNS)
+        query = _RESPONSE_CHAIN.format(end="input_head_item_id", columns=ITEM_COLUMNS)
         return [item_from_row(r) for r in await self._fetch(query, tenant, response_id)]
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:

@@ -33,7 +33,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
-from proxy.store.migrations import migrate
+from proxy.store.migrations import MIGRATIONS, migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.writer import SqliteWriter
 
@@ -84,6 +84,10 @@ _RESPONSE_CHAIN = """
 """
 
 
+class StoreUnavailable(Exception):
+    """The database cannot be read as asked (missing, not ours, or an older schema)."""
+
+
 class SqliteStore:
     """Reads on an aiosqlite connection; writes through the group-committing writer."""
 
@@ -111,6 +115,37 @@ class SqliteStore:
             await db.close()
             raise
         self._db, self._writer = db, writer
+
+    async def open_read_only(self) -> None:
+        """Open for reading only (the CLI's read commands): never creates, migrates or writes.
+
+        A missing file, a file that is not a ctxproxy database, or one whose
+        schema is older than this code are a :class:`StoreUnavailable` saying so.
+        """
+        if not self.path.is_file():
+            raise StoreUnavailable(f"no database at {str(self.path)!r}")
+        uri = f"{self.path.absolute().as_uri()}?mode=ro"
+        db = await aiosqlite.connect(uri, uri=True, isolation_level=None)
+        try:
+            db.row_factory = sqlite3.Row
+            await db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            try:
+                async with db.execute("SELECT max(version) FROM schema_migrations") as cur:
+                    row = await cur.fetchone()
+            except sqlite3.DatabaseError as exc:
+                raise StoreUnavailable(
+                    f"{str(self.path)!r} is not a ctxproxy database ({exc})"
+                ) from exc
+            version = (row[0] if row else None) or 0
+            if version < len(MIGRATIONS):
+                raise StoreUnavailable(
+                    f"{str(self.path)!r} has schema version {version}, this ctxproxy reads "
+                    f"{len(MIGRATIONS)}: start the proxy on it once to migrate it"
+                )
+        except BaseException:
+            await db.close()
+            raise
+        self._db = db
 
     async def close(self) -> None:
         if self._writer is not None:

@@ -31,7 +31,7 @@ def test_example_config_loads_without_any_environment(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     config = load_config(REPO / "config.example.yaml")
     assert config.upstreams["openai"].api_key is None
-    assert config.store.path == "./data/ctxproxy.db"
+    assert config.store.path == str(REPO / "data" / "ctxproxy.db")  # the file's folder, not the cwd
     assert isinstance(config.policies["passthrough"], NoneSpec)
     assert config.policies["fit"] == TrimSpec(
         max_tokens=6000, context_fraction=0.75, low_water=0.7, tool_output_max_tokens=1500

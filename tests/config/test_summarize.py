@@ -77,10 +77,14 @@ def test_the_example_config_documents_a_summarize_policy_and_route_modes():
     spec = config.policies["summarized"]
     assert isinstance(spec, SummarizeSpec)
     assert (spec.trigger_turns, spec.trigger_tokens, spec.keep_last_turns) == (8, 6000, 3)
-    (assist,) = [r for r in config.routes if r.name == "assist"]
-    assert assist.modes is not None and assist.modes.header
-    assert assist.modes.rules[0].mode == "full"
-    assert assist.modes.rules[0].pattern.search("where is order #1234?")
+    (default,) = [r for r in config.routes if r.name == "default"]
+    assert default.policy == "balanced"
+    assert default.modes is not None and default.modes.header
+    (recap,) = default.modes.rules
+    assert (recap.name, recap.mode) == ("recap", "full")
+    assert recap.pattern.search("Can you recap everything we discussed?")
+    # An order number alone keeps the conversation balanced: summaries pin identifiers.
+    assert not recap.pattern.search("where is order #1234?")
 
 
 def test_route_modes_parse_header_and_rules():

@@ -87,3 +87,57 @@ async def test_an_unreachable_server_fails_open_with_the_servers_address() -> No
     store = PostgresStore("postgresql://postgres@127.0.0.1:1/test", connect_timeout=2.0)
     with pytest.raises((OSError, asyncpg.PostgresError)):
         await store.open()
+
+
+async def test_a_cached_history_never_serves_another_instances_stale_view(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    first, second = two
+    await first.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    assert [h.message for h in await first.history(ALICE)] == [
+        SYSTEM.message,
+        U1.message,
+        A1.message,
+    ]
+    # Another instance appends a turn: the first instance's next read sees it.
+    U2, A2 = msg("user", "more"), msg("assistant", "sure")
+    await second.record_exchange(ALICE, [SYSTEM, U1, A1, U2], A2, req())
+    history = await first.history(ALICE)
+    assert [h.message["content"] for h in history] == ["be brief", "hi", "hello", "more", "sure"]
+    # ... an edit that branches off: the whole new chain, not the cached one extended.
+    edited = msg("user", "hi there")
+    await second.record_exchange(ALICE, [SYSTEM, edited], A1, req())
+    assert [h.message["content"] for h in await first.history(ALICE)] == [
+        "be brief",
+        "hi there",
+        "hello",
+    ]
+    # ... a delete and a new session under the same name: nothing of the old one.
+    assert await second.delete_session(ALICE)
+    assert await first.history(ALICE) == []
+    await second.record_exchange(ALICE, [U1], A1, req())
+    fresh = await first.history(ALICE)
+    assert [h.message["content"] for h in fresh] == ["hi", "hello"]
+    assert fresh == await second.history(ALICE)
+
+
+async def test_a_cached_history_is_served_only_after_the_version_is_checked(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    first, _ = two
+    await first.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    once = await first.history(ALICE)
+    # Written behind every store's back (another deployment, an operator): the version
+    # moves, so the cache is not trusted.
+    await first.pool.execute(
+        "UPDATE items SET message_json = $1 WHERE id = $2",
+        '{"role":"user","content":"changed"}',
+        once[1].id,
+    )
+    assert (await first.history(ALICE))[1].message["content"] == "hi"  # same version: cached
+    await first.pool.execute("UPDATE sessions SET version = version + 1")
+    assert (await first.history(ALICE))[1].message["content"] == "hi"  # head unchanged: kept
+    await first.pool.execute(
+        "UPDATE sessions SET head_item_id = $1, version = version + 1", once[1].id
+    )
+    assert [h.id for h in await first.history(ALICE)] == [once[0].id, once[1].id]

@@ -1,0 +1,118 @@
+"""Each session's last read history, validated against the session's version before use.
+
+A ``history: server`` request reads its session's whole chain before every
+call; walking it from the head in PostgreSQL costs a recursive query and a
+row per item, more with every turn. This per-instance cache keeps the chain
+last read per session with the session's ``version`` (bumped by every write,
+whatever instance makes it) and head. A read first fetches the session row:
+
+- same session id and version: nothing changed anywhere; the cached chain
+  is served (messages decoded from their stored bytes, so callers get copies);
+- same session id, newer version: only the items after the cached head are
+  fetched (the walk from the new head stops there), and appended; if the new
+  head is not a descendant of the cached one (a branch), the walk reaches the
+  root and the whole chain is replaced;
+- another session id (deleted and made again) or no entry: a full read.
+
+So a cached chain is never trusted without the store saying it is current,
+and another instance's write is seen by the next read.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from proxy.store.base import SessionRef, StoredItem
+
+SESSION_HEAD = "SELECT id, version, head_item_id FROM sessions WHERE tenant = $1 AND key = $2"
+
+ITEM_COLUMNS = (
+    "items.id, items.session_id, items.parent_id, items.path_hash, items.content_hash,"
+    " items.role, items.token_count, items.message_json, items.status, items.created_at"
+)
+
+# The chain from $1 (a head) back to, not including, $2 (the cached head; 0: none).
+CHAIN_SINCE = f"""
+    WITH RECURSIVE chain (id, parent_id, depth) AS (
+        SELECT id, parent_id, 0 FROM items WHERE id = $1 AND id <> $2
+        UNION ALL
+        SELECT items.id, items.parent_id, chain.depth + 1 FROM items
+            JOIN chain ON items.id = chain.parent_id
+            WHERE items.id <> $2
+    )
+    SELECT {ITEM_COLUMNS} FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
+"""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    session_id: int
+    version: int
+    head: int
+    # Each item without its message, and the message's JSON bytes.
+    items: tuple[tuple[StoredItem, bytes], ...]
+
+
+class HistoryCache:
+    """Bounded by sessions and by the items held in all."""
+
+    def __init__(self, max_sessions: int = 1024, max_items: int = 100_000) -> None:
+        self.max_sessions = max_sessions
+        self.max_items = max_items
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._items = 0
+
+    async def history(self, conn: Any, session: SessionRef) -> list[StoredItem]:
+        key = (session.tenant, session.key)
+        row = await conn.fetchrow(SESSION_HEAD, session.tenant, session.key)
+        if row is None or row["head_item_id"] is None:
+            self._drop(key)
+            return []
+        session_id, version, head = row["id"], row["version"], row["head_item_id"]
+        entry = self._entries.get(key)
+        if entry is not None and entry.session_id != session_id:
+            entry = None
+        if entry is None or entry.version != version:
+            since = entry.head if entry is not None else 0
+            rows = await conn.fetch(CHAIN_SINCE, head, since)
+            fetched = tuple(_split(r) for r in rows)
+            if entry is not None and (not fetched or fetched[0][0].parent_id == entry.head):
+                items = entry.items + fetched  # the cached chain, extended
+            else:
+                items = fetched  # a full read (or a branch: the walk reached the root)
+            entry = _Entry(session_id, version, head, items)
+            self._put(key, entry)
+        else:
+            self._entries.move_to_end(key)
+        return [replace(item, message=orjson.loads(data)) for item, data in entry.items]
+
+    def forget(self, session: SessionRef) -> None:
+        self._drop((session.tenant, session.key))
+
+    def _put(self, key: tuple[str, str], entry: _Entry) -> None:
+        self._drop(key)
+        if len(entry.items) > self.max_items:
+            return
+        self._entries[key] = entry
+        self._items += len(entry.items)
+        while self._items > self.max_items or len(self._entries) > self.max_sessions:
+            _, dropped = self._entries.popitem(last=False)
+            self._items -= len(dropped.items)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._items -= len(old.items)
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def _split(row: Any) -> tuple[StoredItem, bytes]:
+    columns = dict(row)
+    data = columns.pop("message_json").encode()
+    return StoredItem(**columns, message=_EMPTY), data
