@@ -12,7 +12,7 @@ UV_VERSION := 0.13.9
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
 	--custom-compile-command "make lock"
 
-.PHONY: serve test lint bench lock lock-upgrade clean
+.PHONY: serve test lint bench lock lock-upgrade clean chromium screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,16 @@ lint: $(DEV)
 	$(BIN)/mypy
 
 test: $(DEV) lint
+	@./.ci/ensure-chromium
 	$(BIN)/pytest -q
+
+# The browser tests drive Debian's chromium: apt-installed when missing (idempotent).
+chromium:
+	@./.ci/ensure-chromium
+
+# Regenerate the README's screenshots (docs/screenshots/) from the browser tests.
+screenshots: $(DEV) chromium
+	CTXPROXY_SCREENSHOTS=1 $(BIN)/pytest -q tests/ops/test_viewer_browser.py
 
 bench: $(DEV)
 	$(BIN)/python bench/overhead.py

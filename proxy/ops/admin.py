@@ -26,11 +26,13 @@ from proxy.ops.admin_views import (
     DEFAULT_PAGE,
     export_lines,
     ndjson,
-    request_view,
+    request_context,
+    request_detail,
     session_detail,
     session_list,
 )
 from proxy.ops.cache_views import metrics_cache
+from proxy.ops.viewer import ROUTES as VIEWER_ROUTES
 from proxy.runtime import Runtime
 from proxy.store.base import SessionRef
 
@@ -40,7 +42,10 @@ Handler = Callable[[Request, Runtime], Awaitable[Response]]
 
 
 def _json(content: Any) -> Response:
-    return Response(orjson.dumps(content), media_type="application/json")
+    # Conversation text: never kept by a browser's or a proxy's cache.
+    return Response(
+        orjson.dumps(content), media_type="application/json", headers={"cache-control": "no-store"}
+    )
 
 
 def _authorize(request: Request, rt: Runtime) -> None:
@@ -99,6 +104,7 @@ async def _list(request: Request, rt: Runtime) -> Response:
         tenant=request.query_params.get("tenant") or None,
         limit=_int_param(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE),
         offset=_int_param(request, "offset", 0, 0, 2**62),
+        session=request.query_params.get("session") or None,
     )
     return _json(page)
 
@@ -125,11 +131,19 @@ async def _export(request: Request, rt: Runtime) -> Response:
     return Response(ndjson(lines), media_type="application/x-ndjson")
 
 
-async def _request(request: Request, rt: Runtime) -> Response:
+async def _row(request: Request, rt: Runtime) -> dict[str, Any]:
     row = await rt.store.request(request.path_params["request_id"])
     if row is None:
         raise NotFound("No such request.", code="request_not_found")
-    return _json(request_view(row))
+    return row
+
+
+async def _request(request: Request, rt: Runtime) -> Response:
+    return _json(await request_detail(rt.store, await _row(request, rt)))
+
+
+async def _context(request: Request, rt: Runtime) -> Response:
+    return _json(await request_context(rt.store, await _row(request, rt)))
 
 
 async def _calibration(request: Request, rt: Runtime) -> Response:
@@ -152,8 +166,11 @@ ROUTES = [
     Route("/admin/sessions/{tenant}/{key:path}/export", _admin(_export), methods=["GET"]),
     Route("/admin/sessions/{tenant}/{key:path}", _admin(_session), methods=["GET", "DELETE"]),
     Route("/admin/requests/{request_id}", _admin(_request), methods=["GET"]),
+    Route("/admin/requests/{request_id}/context", _admin(_context), methods=["GET"]),
     Route("/admin/calibration", _admin(_calibration), methods=["GET"]),
     Route("/admin/cache", _admin(_cache), methods=["GET"]),
+    # The viewer's static files (no key: the page asks for it and calls the API above).
+    *VIEWER_ROUTES,
     # Anything else under /admin (wrong method included) still needs the key first.
     Route("/admin", _admin(_unknown), methods=ANY_METHOD),
     Route("/admin/{rest:path}", _admin(_unknown), methods=ANY_METHOD),

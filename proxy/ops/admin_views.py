@@ -8,7 +8,7 @@ request with what its summary stood in for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +17,14 @@ import orjson
 
 from proxy.context.calibration import Calibration
 from proxy.ops.cache_views import cache_summary, request_cache
+from proxy.ops.timeline import (
+    context_entries,
+    masked_by_index,
+    recall_of,
+    recall_view,
+    request_chain,
+    token_split,
+)
 from proxy.store.base import SessionInfo, SessionRef, Store, StoredItem, StoredSummary
 
 DEFAULT_PAGE = 50
@@ -49,10 +57,18 @@ def session_view(info: SessionInfo, history: list[StoredItem]) -> dict[str, Any]
 
 
 async def session_list(
-    store: Store, *, tenant: str | None = None, limit: int = DEFAULT_PAGE, offset: int = 0
+    store: Store,
+    *,
+    tenant: str | None = None,
+    limit: int = DEFAULT_PAGE,
+    offset: int = 0,
+    session: str | None = None,
 ) -> dict[str, Any]:
-    """One page of sessions, most recent activity first."""
-    infos = await store.list_sessions(tenant=tenant, limit=limit + 1, offset=offset)
+    """One page of sessions, most recent activity first; ``session``: only those whose
+    key contains it, in any tenant (nobody needs the tenant hash to find one)."""
+    infos = await store.list_sessions(
+        tenant=tenant, limit=limit + 1, offset=offset, key_contains=session
+    )
     page = infos[:limit]
     data = []
     for info in page:
@@ -149,9 +165,23 @@ def summary_view(
     }
 
 
-def request_view(row: dict[str, Any]) -> dict[str, Any]:
-    """A stored request row, grouped the way an audit reads it."""
-    detail: dict[str, Any] = row.get("detail") or {}
+def request_view(
+    row: Mapping[str, Any], chain: Sequence[StoredItem] | None = None
+) -> dict[str, Any]:
+    """A stored request row, grouped the way an audit reads it.
+
+    ``chain`` (the stored items its positions name, see
+    :func:`proxy.ops.timeline.request_chain`) gives the token split its
+    per-message counts and the recalled turns their item ids.
+    """
+    detail: Mapping[str, Any] = row.get("detail") or {}
+    summarized = summarized_view(row)
+    split = token_split(
+        row,
+        chain,
+        summarized["indexes"] if summarized else [],
+        summarized["tokens"] if summarized else None,
+    )
     return {
         "id": row["id"],
         "created_at": iso(row["created_at"]),
@@ -172,6 +202,8 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
             "saved": row["tokens_before"] - row["tokens_after"],
             "budget": detail.get("budget"),
             "calibration": detail.get("calibration", 1.0),
+            # By fate: what was kept, clipped, masked, summarized, recalled, dropped.
+            "split": split,
         },
         "dropped": {
             "reason": row["reason"],
@@ -182,8 +214,13 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
             "repaired": detail.get("repaired", []),
         },
         "clipped": detail.get("clipped", []),
-        "masked": detail.get("masked", []),
-        "summarized": summarized_view(row),
+        "summarized": summarized,
+        # Turns recall brought back (with their scores), tool results masking replaced.
+        "recalled": recall_view(recall_of(detail), chain),
+        "masked": [
+            {"index": i, "tokens_before": m.tokens_before, "tokens_after": m.tokens_after}
+            for i, m in sorted(masked_by_index(detail).items())
+        ],
         "fallback": detail.get("fallback"),
         "latency_ms": {"total": row["total_ms"], "upstream": row["upstream_ms"]},
         "usage": row["usage"],
@@ -245,6 +282,7 @@ async def session_detail(
     dropped_last = set(stored[-1]["dropped_item_ids"]) if stored else set()
     models = {r["model"] for r in rows if r["model"]}
     branch = {item.id for item in history}
+    position_of = {item.id: i for i, item in enumerate(history)}
     return {
         "object": "session",
         **session_view(info, history),
@@ -253,12 +291,74 @@ async def session_detail(
         ],
         # Views over the stored chain, oldest first.
         "summaries": [summary_view(s, branch, used_by) for s in await store.summaries(ref)],
-        "requests": [request_view(r) for r in rows],
+        "requests": [request_view(r, request_chain(r, history, position_of)) for r in rows],
         # Cached ÷ prompt tokens, as the upstream reported them: in total and per policy.
         "cache": cache_summary(rows),
         "calibration": []
         if calibration is None
         else [c for c in calibration.snapshot() if c["model"] in models],
+    }
+
+
+async def _row_chain(
+    store: Store, row: Mapping[str, Any]
+) -> tuple[SessionRef | None, list[StoredItem], list[StoredItem] | None]:
+    """The row's session, that session's current branch, and the items the row names."""
+    key = row.get("session_key")
+    if not isinstance(key, str):
+        return None, [], None
+    ref = SessionRef(row["tenant"], key)
+    history = await store.history(ref)
+    position_of = {item.id: i for i, item in enumerate(history)}
+    return ref, history, request_chain(row, history, position_of)
+
+
+async def request_detail(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    """``request_view`` of one row, as the session view shows it."""
+    _, _, chain = await _row_chain(store, row)
+    return request_view(row, chain)
+
+
+async def request_context(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:
+    """What one request forwarded, item by item, beside what its session stores.
+
+    ``entries`` lists every message the request was sent, in order, with its
+    fate (kept, clipped, masked, summarized, recalled with its score,
+    dropped and why), its tokens as sent and as forwarded and the stored
+    message; the summary it forwarded stands before the first message it
+    stands in for, with its text, pinned facts and flagged entities.
+    ``chain`` is ``current_branch`` when the positions were matched to
+    stored items, ``unavailable`` otherwise (a failed call stores no
+    messages; an edited history moved the session to another branch).
+    """
+    ref, history, chain = await _row_chain(store, row)
+    view = request_view(row, chain)
+    summarized = view["summarized"]
+    summary: dict[str, Any] | None = None
+    if summarized is not None and isinstance(summarized["summary_id"], int) and ref is not None:
+        stored = {s.id: s for s in await store.summaries(ref)}.get(summarized["summary_id"])
+        summary = {
+            "summary_id": summarized["summary_id"],
+            "tokens": summarized["tokens"],
+            "turns": summarized["turns"],
+            "placement": summarized["placement"],
+            "stands_in_for": len(summarized["indexes"]),
+            "text": stored.text if stored else None,
+            "facts": stored.facts if stored else [],
+            "flagged": stored.flagged if stored else [],
+        }
+    reply_id = row.get("reply_item_id")
+    reply = next((item for item in history if item.id == reply_id), None)
+    return {
+        "object": "request.context",
+        "request": view,
+        "chain": "current_branch" if chain is not None else "unavailable",
+        "entries": context_entries(
+            row, chain, summarized["indexes"] if summarized else [], summary
+        ),
+        "reply": None
+        if reply is None
+        else {"item_id": reply.id, "token_count": reply.token_count, "message": reply.message},
     }
 
 

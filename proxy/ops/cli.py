@@ -20,7 +20,14 @@ import orjson
 
 from proxy.config.loader import describe, read_yaml, store_section
 from proxy.errors import ConfigError
-from proxy.ops.admin_views import export_lines, ndjson, session_detail, session_list
+from proxy.ops.admin_views import (
+    export_lines,
+    ndjson,
+    request_context,
+    session_detail,
+    session_list,
+)
+from proxy.ops.context_cli import print_context
 from proxy.ops.replay_cli import run_replay
 from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import SessionRef, Store
@@ -40,6 +47,7 @@ def add_commands(sub: Any) -> None:
     ls = actions.add_parser("list", help="sessions, most recent activity first")
     _store_options(ls)
     ls.add_argument("--tenant", help="only this tenant's sessions")
+    ls.add_argument("--session", help="only sessions whose id contains this, in any tenant")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--offset", type=int, default=0)
     ls.add_argument("--json", action="store_true", help="print the admin API's JSON")
@@ -61,6 +69,10 @@ def add_commands(sub: Any) -> None:
             p.add_argument("--json", action="store_true", help="print the admin API's JSON")
         if name == "export":
             p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    rq = actions.add_parser("request", help="what one request forwarded, item by item")
+    rq.add_argument("request_id", help="request id (X-Ctxproxy-Request-Id)")
+    _store_options(rq)
+    rq.add_argument("--json", action="store_true", help="print the admin API's JSON")
     rp = sub.add_parser("replay", help="replay a conversation through a policy, offline")
     rp.add_argument("file", help="chat JSON list, tau-bench or LoCoMo JSON, or a JSONL export")
     rp.add_argument("--config", required=True, help="the YAML config that defines the policy")
@@ -296,6 +308,19 @@ def summary_use(r: dict[str, Any]) -> str:
     return line
 
 
+async def _request(store: Store, ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    row = await store.request(ns.request_id)
+    if row is None:
+        print(f"no request {ns.request_id!r}", file=err)
+        return 1
+    ctx = await request_context(store, row)
+    if ns.json:
+        out.write(orjson.dumps(ctx, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print_context(ctx, out, _preview)
+    return 0
+
+
 def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     spec = StoreSpec(path=ns.db) if ns.db else _store_spec(ns.config, err)
     if spec is None:
@@ -304,13 +329,19 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     async def work(store: Store) -> int:
         if ns.action == "list":
             page = await session_list(
-                store, tenant=ns.tenant, limit=max(1, ns.limit), offset=max(0, ns.offset)
+                store,
+                tenant=ns.tenant,
+                limit=max(1, ns.limit),
+                offset=max(0, ns.offset),
+                session=ns.session or None,
             )
             if ns.json:
                 out.write(orjson.dumps(page, option=orjson.OPT_INDENT_2).decode() + "\n")
             else:
                 print_list(page, out)
             return 0
+        if ns.action == "request":
+            return await _request(store, ns, out, err)
         found = await _resolve(store, ns.ids, err)
         if found is None:
             return 1

@@ -240,9 +240,14 @@ class Store(Protocol):
     async def get_session(self, session: SessionRef) -> SessionInfo | None: ...
 
     async def list_sessions(
-        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        key_contains: str | None = None,
     ) -> list[SessionInfo]:
-        """Newest activity first."""
+        """Newest activity first; ``key_contains``: only sessions whose key contains it
+        (case-sensitive), in any tenant unless ``tenant`` is given too."""
         ...
 
     async def requests(self, session: SessionRef) -> list[dict[str, Any]]:

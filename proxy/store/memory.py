@@ -203,10 +203,19 @@ class MemoryStore:
             return None if row is None else self._info(row)
 
     async def list_sessions(
-        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        key_contains: str | None = None,
     ) -> list[SessionInfo]:
         async with self._lock:
-            rows = [s for s in self._sessions.values() if tenant is None or s.tenant == tenant]
+            rows = [
+                s
+                for s in self._sessions.values()
+                if (tenant is None or s.tenant == tenant)
+                and (key_contains is None or key_contains in s.key)
+            ]
             rows.sort(key=lambda s: (s.updated_at, s.id), reverse=True)
             return [self._info(row) for row in rows[offset : offset + limit]]
 

@@ -219,14 +219,26 @@ class PostgresStore:
         return SessionInfo(*rows[0]) if rows else None
 
     async def list_sessions(
-        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        key_contains: str | None = None,
     ) -> list[SessionInfo]:
-        order = " ORDER BY s.updated_at DESC, s.id DESC"
-        if tenant is None:
-            rows = await self._fetch(_SESSION_INFO + order + " LIMIT $1 OFFSET $2", limit, offset)
-        else:
-            query = _SESSION_INFO + " WHERE s.tenant = $1" + order + " LIMIT $2 OFFSET $3"
-            rows = await self._fetch(query, tenant, limit, offset)
+        conditions: list[str] = []
+        args: list[Any] = []
+        if tenant is not None:
+            args.append(tenant)
+            conditions.append(f"s.tenant = ${len(args)}")
+        if key_contains is not None:
+            # strpos, not LIKE: case-sensitive as the keys are, and no wildcards to escape.
+            args.append(key_contains)
+            conditions.append(f"strpos(s.key, ${len(args)}) > 0")
+        where = " WHERE " + " AND ".join(conditions) if conditions else ""
+        page = (
+            f" ORDER BY s.updated_at DESC, s.id DESC LIMIT ${len(args) + 1} OFFSET ${len(args) + 2}"
+        )
+        rows = await self._fetch(_SESSION_INFO + where + page, *args, limit, offset)
         return [SessionInfo(*row) for row in rows]
 
     async def requests(self, session: SessionRef) -> list[dict[str, Any]]:

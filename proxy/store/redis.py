@@ -260,10 +260,17 @@ class RedisStore:
         return codec.infos(out)[0] if out else None
 
     async def list_sessions(
-        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        key_contains: str | None = None,
     ) -> list[SessionInfo]:
         if limit <= 0:
             return []
+        if key_contains is not None:
+            args = (tenant or "", max(0, offset), limit, key_contains)
+            return codec.infos(await self._run("LIST_SESSIONS_MATCHING", *args))
         return codec.infos(await self._run("LIST_SESSIONS", tenant or "", max(0, offset), limit))
 
     async def requests(self, session: SessionRef) -> list[dict[str, Any]]:
@@ -413,6 +420,7 @@ _READ_SCRIPTS = (
     "HISTORY",
     "GET_SESSION",
     "LIST_SESSIONS",
+    "LIST_SESSIONS_MATCHING",
     "REQUESTS",
     "REQUEST",
     "GET_RESPONSE",

@@ -247,11 +247,25 @@ class SqliteStore:
         return SessionInfo(*rows[0]) if rows else None
 
     async def list_sessions(
-        self, tenant: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        key_contains: str | None = None,
     ) -> list[SessionInfo]:
-        where, params = ("", ()) if tenant is None else (" WHERE s.tenant = ?", (tenant,))
+        conditions: list[str] = []
+        params: list[str] = []
+        if tenant is not None:
+            conditions.append("s.tenant = ?")
+            params.append(tenant)
+        if key_contains is not None:
+            # instr, not LIKE: case-sensitive as the keys are, and no wildcards to escape.
+            conditions.append("instr(s.key, ?) > 0")
+            params.append(key_contains)
+        where = " WHERE " + " AND ".join(conditions) if conditions else ""
         query = _SESSION_INFO + where + " ORDER BY s.updated_at DESC, s.id DESC LIMIT ? OFFSET ?"
-        return [SessionInfo(*row) for row in await self._fetch(query, (*params, limit, offset))]
+        rows = await self._fetch(query, (*params, limit, offset))
+        return [SessionInfo(*row) for row in rows]
 
     async def requests(self, session: SessionRef) -> list[dict[str, Any]]:
         """Every request that named the session, those made before it existed included."""

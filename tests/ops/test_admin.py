@@ -43,12 +43,6 @@ SUMMARIZE = {
 }
 
 
-@pytest.fixture
-def admin_proxy(start_proxy, monkeypatch):
-    monkeypatch.setenv("CTX_ADMIN_KEY", ADMIN_KEY)
-    return lambda **kw: start_proxy(extra={**ADMIN, **kw.pop("extra", {})}, **kw)
-
-
 def chat(proxy: Any, session: str, messages: list[dict[str, Any]], key: str = "sk-a") -> Any:
     c = openai.OpenAI(
         base_url=f"{proxy.url}/v1",

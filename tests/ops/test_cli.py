@@ -80,6 +80,36 @@ def test_sessions_list_shows_newest_first_with_paging(populated):
     assert page == admin(proxy, "/admin/sessions?limit=1&offset=1")
 
 
+def test_sessions_list_finds_a_session_by_part_of_its_id(populated):
+    proxy, db = populated
+    code, out, _ = run("sessions", "list", "--db", db, "--session", "mm", "--json")
+    assert code == 0
+    page = json.loads(out)
+    assert [s["key"] for s in page["data"]] == ["gamma"]
+    assert page == admin(proxy, "/admin/sessions?session=mm")
+
+
+def test_sessions_request_prints_what_it_forwarded_item_by_item(populated):
+    proxy, db = populated
+    tenant = tenant_of("sk-cli")
+    last = admin(proxy, f"/admin/sessions/{tenant}/gamma")["requests"][-1]
+    code, out, _ = run("sessions", "request", last["id"], "--db", db, "--json")
+    assert code == 0
+    assert json.loads(out) == admin(proxy, f"/admin/requests/{last['id']}/context")
+    code, out, _ = run("sessions", "request", last["id"], "--db", db)
+    assert code == 0
+    lines = out.splitlines()
+    split = last["tokens"]["split"]
+    assert lines[1].split()[:2] == ["sent", str(last["tokens"]["before"])]
+    assert f"dropped {split['sent']['dropped']}" in lines[1]
+    assert lines[2].split()[:2] == ["forwarded", str(last["tokens"]["after"])]
+    assert lines[4].split()[:2] == ["pos", "fate"]
+    rows = [line.split() for line in lines[5:]]
+    assert [r[1] for r in rows] == ["kept"] + ["dropped"] * 4 + ["kept"]
+    assert rows[1][2] == "(max_turns)" and rows[1][-3:] == ["gamma", "question", "0"]
+    assert run("sessions", "request", "nope", "--db", db)[0] == 1
+
+
 def test_sessions_show_prints_history_and_each_requests_decision(populated):
     proxy, db = populated
     tenant = tenant_of("sk-cli")

@@ -249,6 +249,27 @@ async def test_list_sessions_is_newest_first_paged_and_filtered_by_tenant(
     assert await store.list_sessions(tenant="nobody") == []
 
 
+async def test_list_sessions_finds_a_session_by_part_of_its_key_in_any_tenant(
+    store: Store, clock: Callable[[float], None]
+) -> None:
+    refs = [SessionRef("t1", "chat-42"), SessionRef("t2", "chat-420"), SessionRef("t1", "Chat-7")]
+    for i, ref in enumerate(refs):
+        clock(1_000.0 + i)
+        await store.record_exchange(ref, [U1], None, req(tenant=ref.tenant, session_key=ref.key))
+
+    found = await store.list_sessions(key_contains="chat-42")
+    assert [(s.tenant, s.key) for s in found] == [("t2", "chat-420"), ("t1", "chat-42")]
+    assert [s.key for s in await store.list_sessions(key_contains="chat-42", tenant="t1")] == [
+        "chat-42"
+    ]
+    # Case-sensitive, no wildcards: "%" and "_" are plain characters.
+    assert [s.key for s in await store.list_sessions(key_contains="Chat")] == ["Chat-7"]
+    assert await store.list_sessions(key_contains="%") == []
+    assert await store.list_sessions(key_contains="_") == []
+    assert [s.key for s in await store.list_sessions(key_contains="", limit=1)] == ["Chat-7"]
+    assert [s.key for s in await store.list_sessions(key_contains="chat", offset=1)] == ["chat-42"]
+
+
 async def test_no_session_writes_only_the_request_row(store: Store) -> None:
     record = req(session_key=None)
     assert await store.record_exchange(None, [U1], A1, record) is None
