@@ -1,4 +1,4 @@
-"""Store backends side by side: SQLite vs Redis on a 20-message session.
+"""Store backends side by side: SQLite vs Redis vs PostgreSQL on a 20-message session.
 
 Each exchange is what a client resending its history stores: 18 messages the
 store has, one new user message and the reply (20 items after it). Measured
@@ -13,9 +13,12 @@ machine hits all alike:
 
 "Redis, cold cache" is the worst case of several instances behind a load
 balancer: the instance has never seen the session, so the whole history is
-sent and looked up. "Redis, no index" leaves out the recall index the store
-keeps by default (proxy/store/redis_search.py), to show what it costs. Redis must be on 127.0.0.1:6379 (each run uses its own
-key prefix, deleted afterwards).
+sent and looked up ("postgresql, cold": no chain cache and no history cache
+either). "Redis, no index" leaves out the recall index the store keeps by
+default (proxy/store/redis_search.py), to show what it costs. Redis must be
+on 127.0.0.1:6379 (each run uses its own key prefix, deleted afterwards),
+PostgreSQL on 127.0.0.1:5432, database ``test`` (each run its own schema,
+dropped afterwards).
 
     python bench/stores.py [--rounds 3] [--sessions 300] [--concurrency 32]
 """
@@ -40,10 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.chains import ChainCache
+from proxy.store.postgres import PostgresStore
+from proxy.store.postgres_history import HistoryCache
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 _ids = iter(range(10**12))
 
 
@@ -77,6 +83,21 @@ def conversation(n: int, tag: str) -> list[MessageIn]:
     for i in range(1, n):
         out.append(message("user" if i % 2 else "assistant", f"{tag} {i} {text}"))
     return out
+
+
+class Postgres(PostgresStore):
+    """In a schema of its own, dropped on close."""
+
+    def __init__(self, *, cold: bool = False) -> None:
+        super().__init__(POSTGRES_URL, schema=f"ctxbench_{uuid.uuid4().hex[:12]}", pool_size=10)
+        if cold:
+            self._chains = ChainCache(max_sessions=0)
+            self._histories = HistoryCache(max_sessions=0)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        await super().close()
 
 
 class Redis(RedisStore):
@@ -151,6 +172,8 @@ async def main(rounds: int, sessions: int, concurrency: int) -> None:
         "redis": lambda: Redis(),
         "redis, cold cache": lambda: Redis(cold=True),
         "redis, no index": lambda: Redis(index=False),
+        "postgresql": lambda: Postgres(),
+        "postgresql, cold": lambda: Postgres(cold=True),
     }
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in makers}
     for r in range(rounds):

@@ -35,9 +35,13 @@ from proxy.store.rows import dumps, encoded_request, summary_from_row
 
 Conn = Any  # asyncpg.Connection (or a pool's proxy of one); asyncpg ships no types
 
+# The session's row, touched; with a fencing token ($4), raised to it in the same
+# statement: ``fenced`` is false when the row held a newer token (nothing may be written).
 _TOUCH_SESSION = """
-    UPDATE sessions SET updated_at = $3, version = version + 1
-    WHERE tenant = $1 AND key = $2 RETURNING id, head_item_id
+    UPDATE sessions SET updated_at = $3, version = version + 1,
+        fence = GREATEST(fence, COALESCE($4::bigint, 0))
+    WHERE tenant = $1 AND key = $2
+    RETURNING id, head_item_id, ($4::bigint IS NULL OR fence = $4::bigint) AS fenced
 """
 
 _UPSERT_SESSION = """
@@ -85,6 +89,11 @@ _INSERT_REQUEST = (
     + ", ".join(f"${i}" for i in range(1, len(_REQUEST_NAMES) + 1))
     + ")"
 )
+# $2 is the row's session_id; the next parameter after the row's, the new head.
+_INSERT_REQUEST_MOVING_HEAD = (
+    f"WITH head AS (UPDATE sessions SET head_item_id = ${len(_REQUEST_NAMES) + 1}"
+    " WHERE id = $2) " + _INSERT_REQUEST
+)
 
 _INSERT_SUMMARY = """
     INSERT INTO summaries (session_id, covers_item_id, covers_path_hash, start_unit,
@@ -120,28 +129,35 @@ async def record(
         return None if session_id is None else ExchangeResult(session_id, [], None, 0)
 
     chain = [*conversation, *([reply] if reply is not None else [])]
-    row = await conn.fetchrow(_TOUCH_SESSION, session.tenant, session.key, now)
+    fence = request.detail.get("fence")
+    token = fence if isinstance(fence, int) and not isinstance(fence, bool) else None
+    row = await conn.fetchrow(_TOUCH_SESSION, session.tenant, session.key, now, token)
+    fenced = row is None or row[2]
     if row is None:
         row = await conn.fetchrow(_UPSERT_SESSION, session.tenant, session.key, now)
+        fenced = token is None or await conn.fetchval(_FENCE, row[0], token) is not None
     session_id, head = row[0], row[1]
-    fence = request.detail.get("fence")
-    if isinstance(fence, int) and await conn.fetchval(_FENCE, session_id, fence) is None:
+    if not fenced:
         raise FencedOut(
-            f"session lock lost: fencing token {fence} is older than the session's;"
+            f"session lock lost: fencing token {token} is older than the session's;"
             " the exchange is not stored"
         )
     known = prefix.known_ids if session_id == prefix.session_id else ()
     ids, missing = await store_chain(
         conn, session_id, chain, prefix.path_hashes, now, known_ids=known
     )
-    if ids[-1] != head:
-        await conn.execute(
-            "UPDATE sessions SET head_item_id = $1 WHERE id = $2", ids[-1], session_id
-        )
     item_ids = ids[: len(conversation)]
     reply_id = ids[-1] if reply is not None else None
+    # The head moves in the request row's statement: one round trip less.
     await insert_request(
-        conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
+        conn,
+        request,
+        session_id,
+        created_at,
+        session=session,
+        item_ids=item_ids,
+        reply_id=reply_id,
+        new_head=ids[-1] if ids[-1] != head else None,
     )
     new_messages = sum(1 for i in missing if i < len(conversation))
     return ExchangeResult(session_id, item_ids, reply_id, new_messages)
@@ -206,13 +222,18 @@ async def insert_request(
     session: SessionRef | None = None,
     item_ids: Sequence[int] = (),
     reply_id: int | None = None,
+    new_head: int | None = None,
 ) -> None:
+    """The request row; with ``new_head``, the session's head moves in the same statement."""
     row = encoded_request(
         request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
     )
     values = [row[name] for name in _REQUEST_NAMES]
     try:
-        await conn.execute(_INSERT_REQUEST, *values)
+        if new_head is None:
+            await conn.execute(_INSERT_REQUEST, *values)
+        else:
+            await conn.execute(_INSERT_REQUEST_MOVING_HEAD, *values, new_head)
     except asyncpg.UniqueViolationError as exc:
         if exc.constraint_name == "requests_pkey":
             raise ValueError(f"request id already stored: {request.id!r}") from exc
