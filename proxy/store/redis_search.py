@@ -23,7 +23,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 import snowballstemmer  # type: ignore[import-untyped]
@@ -32,8 +32,14 @@ from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
 from proxy.store.search_text import search_text
 
-if TYPE_CHECKING:
-    from proxy.store.redis import RedisStore
+
+class _Searchable(Protocol):
+    """What the index needs of the RedisStore (its SEARCH script), without importing it."""
+
+    async def search(
+        self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
+    ) -> list[bytes]: ...
+
 
 # unicode61: letters and digits are token characters; everything else separates.
 _WORD = re.compile(r"[^\W_]+")
@@ -74,7 +80,7 @@ def index_terms(message: Mapping[str, Any]) -> str:
 class RedisRecallIndex:
     """The RecallIndex of a RedisStore (proxy/store/search.py has the contract)."""
 
-    def __init__(self, store: RedisStore) -> None:
+    def __init__(self, store: _Searchable) -> None:
         self._store = store
 
     async def search(
