@@ -3,7 +3,8 @@
 Each exchange is what a client resending its history stores: 18 messages the
 store has, one new user message and the reply (20 items after it). Measured
 per backend, in interleaved rounds (SQLite, Redis, Redis without the chain
-cache, then again) so drift on a shared machine hits all alike:
+cache, Redis without the recall index, then again) so drift on a shared
+machine hits all alike:
 
 - ``record_exchange`` one at a time: p50 / p99 latency;
 - ``history`` of a 20-item session one at a time: p50 / p99 latency;
@@ -13,9 +14,11 @@ cache, then again) so drift on a shared machine hits all alike:
 "Redis, cold cache" is the worst case of several instances behind a load
 balancer: the instance has never seen the session, so the whole history is
 sent and looked up ("postgresql, cold": no chain cache and no history cache
-either). Redis must be on 127.0.0.1:6379 (each run uses its own key prefix,
-deleted afterwards), PostgreSQL on 127.0.0.1:5432, database ``test`` (each
-run its own schema, dropped afterwards).
+either). "Redis, no index" leaves out the recall index the store keeps by
+default (proxy/store/redis_search.py), to show what it costs. Redis must be
+on 127.0.0.1:6379 (each run uses its own key prefix, deleted afterwards),
+PostgreSQL on 127.0.0.1:5432, database ``test`` (each run its own schema,
+dropped afterwards).
 
     python bench/stores.py [--rounds 3] [--sessions 300] [--concurrency 32]
 """
@@ -100,10 +103,12 @@ class Postgres(PostgresStore):
 class Redis(RedisStore):
     """Under a key prefix of its own, deleted on close."""
 
-    def __init__(self, *, cold: bool = False) -> None:
+    def __init__(self, *, cold: bool = False, index: bool = True) -> None:
         super().__init__(REDIS_URL, prefix=f"ctxbench:{uuid.uuid4().hex}:")
         if cold:
             self._chains = ChainCache(max_sessions=0)
+        if not index:
+            self._index = None
 
     async def close(self) -> None:
         if self._client is not None:
@@ -166,6 +171,7 @@ async def main(rounds: int, sessions: int, concurrency: int) -> None:
         "sqlite": lambda: SqliteStore(directory / f"{uuid.uuid4().hex}.db"),
         "redis": lambda: Redis(),
         "redis, cold cache": lambda: Redis(cold=True),
+        "redis, no index": lambda: Redis(index=False),
         "postgresql": lambda: Postgres(),
         "postgresql, cold": lambda: Postgres(cold=True),
     }

@@ -21,6 +21,9 @@ LIMITS: dict[str, tuple[str, ...]] = {
         " set maxmemory-policy noeviction and appendonly yes (it is the only copy)",
         "native expiry uses the session.ttl the proxy started with (a reload changes the"
         " sweep at once, the keys' expiry at the next restart)",
+        "recall: no full-text engine in Redis; the store keeps its own per-session inverted"
+        " index (Porter stems, BM25 in a script: proxy/store/redis_search.py), the same"
+        " matches as SQLite's FTS5, the order may differ slightly",
     ),
 }
 

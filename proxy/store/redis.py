@@ -49,6 +49,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
+from proxy.store.redis_search import index_terms
 from proxy.store.redis_writes import RETRY, RecordCall
 from proxy.telemetry.logging import get_logger
 
@@ -85,8 +86,8 @@ class RedisStore:
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self._chains = ChainCache()
-        # What puts an item's words in the session's recall index (None: no index kept).
-        self._index: codec.Words | None = None
+        # What puts an item's words in the session's recall index (proxy/store/redis_search.py).
+        self._index: codec.Words | None = index_terms
         self._client: Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
         # Exchanges waiting for the next pipeline, and the task that sends them.
@@ -343,6 +344,14 @@ class RedisStore:
     async def delete_response(self, tenant: str, response_id: str) -> bool:
         return bool(await self._run("DELETE_RESPONSE", tenant, response_id))
 
+    # -- recall (proxy/store/redis_search.py) --------------------------------------
+
+    async def search(
+        self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
+    ) -> list[bytes]:
+        """The recall index's script: {item id, position, score, item JSON, ...}, best first."""
+        return list(await self._run("SEARCH", session.tenant, session.key, limit, before, *words))
+
     # -- summaries ----------------------------------------------------------------
 
     async def save_summary(
@@ -419,4 +428,5 @@ _READ_SCRIPTS = (
     "RESPONSE_EXISTS",
     "DELETE_RESPONSE",
     "SUMMARIES",
+    "SEARCH",
 )

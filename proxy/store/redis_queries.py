@@ -203,3 +203,48 @@ if not sid then return {} end
 return redis.call('HVALS', P .. 'm:' .. sid)
 """
 )
+
+# ARGV: 1 prefix, 2 tenant, 3 key, 4 limit, 5 before ('' for none), 6... the
+# stemmed words. Okapi BM25 (k1 1.2, b 0.75) over the postings of those words
+# only. Returns {item id, position, score, item JSON, ...}, best first.
+SEARCH = (
+    _READ
+    + r"""
+local sid = live_sid(nm(ARGV[2], ARGV[3]))
+if not sid then return {} end
+local stats = redis.call('HMGET', P .. 's:' .. sid, 'xn', 'xl')
+local total = tonumber(stats[1] or '0')
+if total == 0 then return {} end
+local average = tonumber(stats[2]) / total
+local limit, before = tonumber(ARGV[4]), tonumber(ARGV[5])
+local index = P .. 'x:' .. sid
+local scores, positions, ranked = {}, {}, {}
+for i = 6, #ARGV do
+  local posting = redis.call('HGET', index, ARGV[i])
+  if posting then
+    local _, n = string.gsub(posting, ';', '')
+    local idf = math.log(1 + (total - n + 0.5) / (n + 0.5))
+    for id, tf, length, position in string.gmatch(posting, '(%d+),(%d+),(%d+),(%d+);') do
+      if not before or tonumber(position) < before then
+        local f = tonumber(tf)
+        local score = idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * tonumber(length) / average))
+        if not scores[id] then ranked[#ranked + 1] = id end
+        scores[id] = (scores[id] or 0) + score
+        positions[id] = position
+      end
+    end
+  end
+end
+table.sort(ranked, function(a, b) return scores[a] > scores[b] end)
+local out = {}
+local items = P .. 'i:' .. sid
+for i = 1, math.min(limit, #ranked) do
+  local id = ranked[i]
+  out[#out + 1] = id
+  out[#out + 1] = positions[id]
+  out[#out + 1] = string.format('%.17g', scores[id])
+  out[#out + 1] = redis.call('HGET', items, id)
+end
+return out
+"""
+)

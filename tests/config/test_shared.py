@@ -162,3 +162,12 @@ def test_a_redis_store_takes_a_key_prefix_and_only_a_redis_store_does() -> None:
         with pytest.raises(ConfigError, match=message) as info:
             parse_config(base(store=store, coordination={"single_instance": True}))
         assert str(info.value).startswith("store.key_prefix")
+
+
+def test_check_says_how_recall_works_on_the_redis_store() -> None:
+    config = parse_config(
+        base(store={"url": "redis://cache:6379/1"}, coordination={"single_instance": True})
+    )
+    text = "\n".join(describe(config))
+    assert "store: redis at redis://cache:6379/1 (shared)" in text
+    assert "limit (redis): recall: no full-text engine in Redis" in text

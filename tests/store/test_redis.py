@@ -279,3 +279,21 @@ async def test_a_script_redis_lost_is_loaded_again(open_store: Opener) -> None:
     store._scripts["RECORD"].sha = "0" * 40
     assert await store.record_exchange(ALICE, [U1], A1, req()) is not None
     assert [h.message for h in await store.history(ALICE)] == [U1.message, A1.message]
+
+
+async def test_names_with_separators_and_non_ascii_stay_apart_and_are_deleted_whole(
+    open_store: Opener,
+) -> None:
+    store = await open_store()
+    # "a:b" + "c" and "a" + "b:c" must not share a key; byte lengths, not characters.
+    one, two = SessionRef("a:b", "c"), SessionRef("a", "b:c")
+    odd = SessionRef("tënant 🚀", "clé/ü:1")
+    for ref in (one, two, odd):
+        await store.record_exchange(ref, [U1], A1, req(ref.tenant, session_key=ref.key))
+        await store.record_response(
+            ref, [U2], [A1], ResponseIn(f"r-{ref.key}", {}, "completed"), req(ref.tenant)
+        )
+    assert len({(await store.get_session(r)).id for r in (one, two, odd)}) == 3  # type: ignore[union-attr]
+    assert [s.key for s in await store.list_sessions(tenant=odd.tenant)] == [odd.key]
+    assert await store.delete_idle_sessions(older_than=float("inf")) == 3
+    assert await keys(store) == {"seq:s", "seq:i"}  # no summary: no summary counter

@@ -1,0 +1,104 @@
+"""Recall on the Redis store: a per-session inverted index, kept in the same atomic writes.
+
+Plain Redis has no full-text index, so the store keeps its own: for each
+session a hash from each stemmed word to its postings (item id, term
+frequency, item length, position), appended by the very script that stores
+the item (proxy/store/redis_scripts.py), so an item is searchable exactly
+when it is stored, expires with its session and is deleted with it. A search
+is one script that reads only the postings of the query's words (work
+proportional to the matching items, never to the session) and ranks them by
+Okapi BM25 (k1 1.2, b 0.75), as SQLite's FTS5 does.
+
+Words are what SQLite's ``porter unicode61`` tokenizer makes of the same
+text (proxy/store/search_text.py): runs of letters and digits, lower-cased,
+accents removed, Porter-stemmed (snowballstemmer's ``porter``), so a query
+matches on Redis what it matches on SQLite. Rankings can differ in detail:
+FTS5 counts tokens slightly differently.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import orjson
+import snowballstemmer  # type: ignore[import-untyped]
+
+from proxy.store.base import SessionRef
+from proxy.store.search import SearchHit
+from proxy.store.search_text import search_text
+
+
+class _Searchable(Protocol):
+    """What the index needs of the RedisStore (its SEARCH script), without importing it."""
+
+    async def search(
+        self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
+    ) -> list[bytes]: ...
+
+
+# unicode61: letters and digits are token characters; everything else separates.
+_WORD = re.compile(r"[^\W_]+")
+_PORTER = snowballstemmer.stemmer("porter")
+# Distinct words per item that are indexed: a bound on one write's work.
+MAX_WORDS = 4096
+
+
+@functools.lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    # The stemmer is pure Python and slow (tens of microseconds a word); words repeat.
+    return str(_PORTER.stemWord(word))
+
+
+def _tokens(text: str) -> list[str]:
+    text = text.lower()
+    if not text.isascii():
+        decomposed = unicodedata.normalize("NFKD", text)
+        text = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return _WORD.findall(text)
+
+
+def words(text: str) -> list[str]:
+    return [stem(w) for w in _tokens(text)]
+
+
+def index_terms(message: Mapping[str, Any]) -> str:
+    """An item's words for the store script: ``"<length> word:tf word:tf ..."`` ('' for none)."""
+    found = _tokens(search_text(message))
+    if not found:
+        return ""
+    counts: Counter[str] = Counter()
+    for word, n in Counter(found).items():  # each distinct word stemmed once
+        counts[stem(word)] += n
+    return f"{len(found)} " + " ".join(f"{w}:{n}" for w, n in counts.most_common(MAX_WORDS))
+
+
+class RedisRecallIndex:
+    """The RecallIndex of a RedisStore (proxy/store/search.py has the contract)."""
+
+    def __init__(self, store: _Searchable) -> None:
+        self._store = store
+
+    async def search(
+        self,
+        session: SessionRef,
+        terms: Sequence[str],
+        *,
+        limit: int,
+        before: int | None = None,
+    ) -> list[SearchHit]:
+        wanted = sorted({w for term in terms for w in words(term)})
+        if not wanted or limit <= 0:
+            return []
+        out = await self._store.search(
+            session, wanted, limit=limit, before="" if before is None else str(before)
+        )
+        hits: list[SearchHit] = []
+        for i in range(0, len(out), 4):
+            item = orjson.loads(out[i + 3])
+            hits.append(SearchHit(int(out[i]), int(out[i + 1]), item[1], float(out[i + 2])))
+        return hits

@@ -1,0 +1,77 @@
+"""Recall on the Redis store beyond the shared recall contract: the index is written once per item.
+
+Instances that have not cached a session's chain send a long history without
+its words; the script names the new items and only those are stemmed and
+indexed (proxy/store/redis_codec.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from proxy.store.redis import RedisStore
+from proxy.store.redis_search import RedisRecallIndex, index_terms, words
+from tests.stores import ALICE, ScratchRedisStore, msg, req, require_redis
+
+HISTORY = [
+    msg("user" if i % 2 == 0 else "assistant", f"turn {i} about topic{i}") for i in range(10)
+]
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[RedisStore, RedisStore]]:
+    a = ScratchRedisStore(require_redis())
+    await a.open()
+    b = RedisStore(require_redis(), prefix=a.prefix)  # a second instance, cache empty
+    await b.open()
+    yield a, b
+    await b.close()
+    await a.close()
+
+
+async def test_a_cold_instance_indexes_only_the_new_items_of_a_resent_history(
+    pair: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = pair
+    await a.record_exchange(ALICE, HISTORY, None, req())
+    stemmed: list[str] = []
+
+    def counted(message: dict[str, Any]) -> str:
+        stemmed.append(message["content"])
+        return index_terms(message)
+
+    monkeypatch.setattr(b, "_index", counted)
+    new = [msg("user", "what about zebras"), msg("assistant", "zebras are striped")]
+    result = await b.record_exchange(ALICE, [*HISTORY, new[0]], new[1], req())
+    assert result is not None and result.new_messages == 1
+    assert stemmed == ["what about zebras", "zebras are striped"]
+
+    index = RedisRecallIndex(b)
+    assert sorted(h.position for h in await index.search(ALICE, ["zebra"], limit=5)) == [10, 11]
+    # The resent items were not indexed again: one hit each, not two.
+    for position in range(10):
+        hits = await index.search(ALICE, [f"topic{position}"], limit=5)
+        assert [h.position for h in hits] == [position]
+
+
+async def test_a_long_new_history_is_indexed_whole(pair: tuple[RedisStore, RedisStore]) -> None:
+    _, b = pair
+    await b.record_exchange(ALICE, HISTORY, None, req())
+    hits = await RedisRecallIndex(b).search(ALICE, ["topic0", "topic9"], limit=5)
+    assert sorted(h.position for h in hits) == [0, 9]
+
+
+def test_words_are_porter_stems_of_letter_and_digit_runs_without_accents() -> None:
+    assert words("Paintings, LANDSCAPES; the café_order #88412") == [
+        "paint",
+        "landscap",
+        "the",
+        "cafe",
+        "order",
+        "88412",
+    ]
+    assert index_terms({"role": "user", "content": "order order 12"}) == "3 order:2 12:1"
+    assert index_terms({"role": "user", "content": "  "}) == ""
