@@ -5,6 +5,8 @@ from __future__ import annotations
 from proxy.store.base import Store
 from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
+from proxy.store.redis import RedisStore
+from proxy.store.redis_search import RedisRecallIndex
 from proxy.store.search import RecallIndex
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
@@ -16,4 +18,6 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return SqliteRecallIndex(store.fetch)
     if isinstance(store, MemoryStore):
         return MemoryRecallIndex(store)
+    if isinstance(store, RedisStore):
+        return RedisRecallIndex(store)
     return None
