@@ -61,8 +61,15 @@ SUPPORT = {
             "summarizer": {"model": "ctxproxy/extractive"},
         },
         "last2": {"strategy": "trim", "max_turns": 2},
+        # The same window, with recall of what it dropped.
+        "last2recall": {"strategy": "trim", "max_turns": 2, "recall": {"max_tokens": 400}},
     },
     "routes": [
+        {
+            "match": {"path": "/v1/chat/completions", "headers": {"X-App": "recall"}},
+            "upstream": "default",
+            "policy": "last2recall",
+        },
         {
             "match": {"path": "/v1/chat/completions", "headers": {"X-App": "trim"}},
             "upstream": "default",
@@ -155,6 +162,14 @@ def demo(admin_proxy, fake) -> Any:
     for question, _ in SCRIPT[1:5]:
         history.append({"role": "user", "content": question})
         reply = trim.chat.completions.create(model="gpt-4o", messages=history)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    recall = client_for(proxy, "support-4410-recall", {"X-App": "recall"})
+    history = []
+    for question, _ in SCRIPT[:6]:
+        if question == PLANTED:
+            continue
+        history.append({"role": "user", "content": question})
+        reply = recall.chat.completions.create(model="gpt-4o", messages=history)
         history.append({"role": "assistant", "content": reply.choices[0].message.content})
     # A hostile session id: markup, an ampersand, quotes and a slash.
     client_for(proxy, ODD_KEY).chat.completions.create(
@@ -361,6 +376,36 @@ def test_clicking_a_request_shows_what_it_dropped_and_a_planted_script_as_text(
     for line in tab.console:
         for question, answer in SCRIPT:
             assert question not in line and (answer or "") not in line
+    assert tab.errors == []
+
+
+def test_clicking_a_request_shows_the_turns_recall_brought_back_with_their_scores(tab: Page):
+    p = tab.page
+    tab.login()
+    p.wait_for_selector("#sessions tbody a.sess")
+    tab.open_session("support-4410-recall")
+    view = api(tab.proxy, f"sessions/{tenant_of('sk-a')}/support-4410-recall")
+    # The last question ("Which order number ...") brings back the dropped first turn.
+    last = view["requests"][-1]
+    assert last["recalled"] and last["recalled"]["units"], last["recalled"]
+    p.click(f"#timeline a[data-id='{last['id']}']")
+    wait_for(p, f"document.getElementById('d-title').textContent.includes('{last['id']}')")
+    assert_split_shown(p, last)
+    shown = [
+        (int(li.get_attribute("data-start")), int(li.get_attribute("data-end")))
+        for li in p.query_selector_all("#detail ul.recalled li")
+    ]
+    assert shown == [(u["start"], u["end"]) for u in last["recalled"]["units"]]
+    scores = [li.text_content() for li in p.query_selector_all("#detail ul.recalled .score")]
+    # A unit brought as context around a hit has no score of its own: the page shows a dash.
+    units = last["recalled"]["units"]
+    assert any(isinstance(u["score"], float) for u in units)
+    assert scores == [NONE if u["score"] is None else f"{u['score']:.3f}" for u in units]
+    # The forwarded list shows the recall block.
+    block = p.query_selector("#detail .entries li[data-fate=recall]")
+    assert block is not None and f"{last['recalled']['turns']} recalled turns" in (
+        block.text_content() or ""
+    )
     assert tab.errors == []
 
 
