@@ -140,6 +140,10 @@ def recall(
     counted, and the last units chosen are given back while the block is
     over ``max_tokens``.
     """
+    if decision.tokens_before:
+        # Never forward more than the whole conversation: the block spends at most what
+        # the policy saved (quoting costs a few tokens a line more than the turns did).
+        max_tokens = min(max_tokens, decision.tokens_before - decision.tokens_after)
     if max_tokens <= 0 or not hits or not decision.dropped:
         return decision, Recalled()
     n = len(messages)

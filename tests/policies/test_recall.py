@@ -117,6 +117,17 @@ def test_summarized_turns_can_come_back_but_the_verbatim_ones_are_never_repeated
     assert block_of(out.messages) == len(out.messages) - 2
 
 
+def test_recall_never_forwards_more_tokens_than_the_whole_conversation():
+    # A window of the last turn: every dropped turn is a hit and the budget is generous,
+    # but quoting costs more than the turns did, so the block gets only what was saved.
+    messages = chat(turns=3)
+    decision = trim(messages, TrimSpec(max_turns=1), simple_count, Budget(None))
+    hits = [Hit(i, 1.0) for i in decision.dropped]
+    out, got = recall(messages, decision, hits, simple_count, 10_000, neighbors=0)
+    assert got.spans and got.tokens <= decision.tokens_before - decision.tokens_after
+    assert out.tokens_after <= decision.tokens_before
+
+
 def test_reserve_caps_max_tokens_at_half_the_budget_and_takes_a_share():
     assert reserve(RecallSpec(max_tokens=2500), 6000) == 2500
     assert reserve(RecallSpec(max_tokens=2500), 3000) == 1500
