@@ -19,7 +19,8 @@ REDIS_URL = os.environ.get("CTXPROXY_TEST_REDIS", "redis://127.0.0.1:6379/0")
 # This run's name: its schemas are ctxtest_<RUN>_<n>, its Redis keys ctxtest:<RUN>:...
 RUN = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
-START_POSTGRES = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+_CLUSTER = "$(ls /etc/postgresql)"  # the one installed version
+START_POSTGRES = f"pg_ctlcluster --skip-systemctl-redirect {_CLUSTER} main start"
 START_REDIS = (
     'redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no'
     " --dir /var/lib/redis --logfile /var/log/redis/ci.log"
