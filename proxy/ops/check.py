@@ -15,10 +15,7 @@ from proxy.store.backends import SHARED, backend_name
 # Features a backend does not have, and what the proxy does instead.
 LIMITS: dict[str, tuple[str, ...]] = {
     "sqlite": (),
-    "postgresql": (
-        "recall: no lexical index on PostgreSQL yet; a policy's recall block is served"
-        " without recall there (X-Context-Recall: unsupported)",
-    ),
+    "postgresql": (),
     "redis": (
         "standalone Redis 7.0+ (or with replicas / Sentinel), not Redis Cluster;"
         " set maxmemory-policy noeviction and appendonly yes (it is the only copy)",

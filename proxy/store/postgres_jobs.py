@@ -32,6 +32,7 @@ from proxy.store.base import (
 )
 from proxy.store.chains import Prefix
 from proxy.store.rows import dumps, encoded_request, summary_from_row
+from proxy.store.search_text import search_text
 
 Conn = Any  # asyncpg.Connection (or a pool's proxy of one); asyncpg ships no types
 
@@ -51,10 +52,11 @@ _UPSERT_SESSION = """
     RETURNING id, head_item_id
 """
 
+# The recall index (proxy/store/postgres_search.py) in the same row: position and text.
 _INSERT_ITEM = """
     INSERT INTO items (session_id, parent_id, path_hash, content_hash, role,
-        token_count, status, message_json, created_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        token_count, status, message_json, created_at, position, search)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, to_tsvector('ctx_english', $11))
     ON CONFLICT (session_id, path_hash) DO NOTHING
     RETURNING id
 """
@@ -199,6 +201,8 @@ async def store_chain(
                 m.status,
                 dumps(m.message),
                 now,
+                i,  # the chain starts at the root: its index is its depth
+                search_text(m.message),
             )
             if item_id is None:
                 # Another instance stored it between the lookup and now (it committed).

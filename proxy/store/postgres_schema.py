@@ -137,6 +137,45 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE requests ADD COLUMN cache_write_tokens INTEGER;
     ALTER TABLE requests ADD COLUMN stable_prefix INTEGER;
     """,
+    # 3: the recall index (SQLite version 5): each item's chain position and its text as a
+    # tsvector, under a configuration of its own: English stemming (as SQLite's porter),
+    # no stopword list (the recall step drops its own; PostgreSQL's would drop more).
+    """
+    CREATE TEXT SEARCH DICTIONARY ctx_english_stem (TEMPLATE = snowball, Language = english);
+    CREATE TEXT SEARCH CONFIGURATION ctx_english (COPY = english);
+    ALTER TEXT SEARCH CONFIGURATION ctx_english
+        ALTER MAPPING FOR asciiword, asciihword, hword_asciipart, word, hword, hword_part
+        WITH ctx_english_stem;
+    ALTER TABLE items ADD COLUMN position INTEGER;
+    ALTER TABLE items ADD COLUMN search tsvector;
+    -- Items stored before: their depth from the root, and the text
+    -- proxy/store/search_text.py computes, in SQL.
+    WITH RECURSIVE depth (id, position) AS (
+        SELECT id, 0 FROM items WHERE parent_id IS NULL
+        UNION ALL
+        SELECT items.id, depth.position + 1 FROM items JOIN depth ON items.parent_id = depth.id
+    )
+    UPDATE items SET position = depth.position FROM depth WHERE items.id = depth.id;
+    UPDATE items SET search = to_tsvector('ctx_english', concat_ws(E'\n',
+        CASE jsonb_typeof(m -> 'content')
+            WHEN 'string' THEN m ->> 'content'
+            WHEN 'array' THEN (SELECT string_agg(p ->> 'text', E'\n')
+                FROM jsonb_array_elements(m -> 'content') p
+                WHERE jsonb_typeof(p -> 'text') = 'string')
+        END,
+        CASE jsonb_typeof(m -> 'tool_calls') WHEN 'array' THEN (
+            SELECT string_agg(
+                concat_ws(' ', c -> 'function' ->> 'name', c -> 'function' ->> 'arguments'), E'\n')
+            FROM jsonb_array_elements(m -> 'tool_calls') c)
+        END,
+        CASE jsonb_typeof(m -> 'arguments')
+            WHEN 'string' THEN concat_ws(' ', m ->> 'name', m ->> 'arguments') END,
+        CASE jsonb_typeof(m -> 'output') WHEN 'string' THEN m ->> 'output' END
+    ))
+    FROM (SELECT id AS item_id, message_json::jsonb AS m FROM items) AS parsed
+    WHERE items.id = parsed.item_id;
+    CREATE INDEX items_search ON items USING GIN (search);
+    """,
 )
 
 

@@ -1,8 +1,9 @@
 """The recall index seam: search a session's stored items by the words of a message.
 
 A small protocol with one implementation per store backend: SQLite FTS5
-(proxy/store/sqlite_search.py), the in-memory fake (proxy/store/memory_search.py);
-a PostgreSQL backend implements it with a ``tsvector`` column and ``ts_rank``.
+(proxy/store/sqlite_search.py), PostgreSQL with a ``tsvector`` column and an idf-weighted
+``ts_rank`` (proxy/store/postgres_search.py), Redis with its own inverted index
+(proxy/store/redis_search.py), the in-memory fake (proxy/store/memory_search.py).
 One contract test runs against every implementation (tests/store/test_search_contract.py).
 """
 

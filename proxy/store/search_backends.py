@@ -5,6 +5,8 @@ from __future__ import annotations
 from proxy.store.base import Store
 from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
+from proxy.store.postgres import PostgresStore
+from proxy.store.postgres_search import PostgresRecallIndex
 from proxy.store.redis import RedisStore
 from proxy.store.redis_search import RedisRecallIndex
 from proxy.store.search import RecallIndex
@@ -18,6 +20,8 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return SqliteRecallIndex(store.fetch)
     if isinstance(store, MemoryStore):
         return MemoryRecallIndex(store)
+    if isinstance(store, PostgresStore):
+        return PostgresRecallIndex(store._fetch)
     if isinstance(store, RedisStore):
         return RedisRecallIndex(store)
     return None

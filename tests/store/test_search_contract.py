@@ -18,7 +18,7 @@ from tests.stores import ALICE, make_store, msg, req
 # The backends with a recall index (proxy/store/search_backends.py); a backend
 # that gains one adds itself here. The others serve recall requests without
 # recall (X-Context-Recall: unsupported).
-SEARCH_BACKENDS = ["sqlite", "memory", "redis"]
+SEARCH_BACKENDS = ["sqlite", "memory", "redis", "postgres"]
 
 
 @pytest.fixture(params=SEARCH_BACKENDS)
