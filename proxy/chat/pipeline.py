@@ -240,6 +240,10 @@ class ChatExchange:
             )
         )
         self.upstream_ms = (time.perf_counter() - sent) * 1000
+        return await self._relay(response)
+
+    async def _relay(self, response: UpstreamResponse) -> Response:
+        """Relay the answer: event by event when it streams, else whole (both APIs)."""
         is_sse = any(
             k.lower() == "content-type" and v.startswith("text/event-stream")
             for k, v in response.headers

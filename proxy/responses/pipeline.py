@@ -192,13 +192,7 @@ class ResponsesExchange(ChatExchange):
             )
         )
         self.upstream_ms = (time.perf_counter() - sent) * 1000
-        is_sse = any(
-            k.lower() == "content-type" and v.startswith("text/event-stream")
-            for k, v in response.headers
-        )
-        if self.stream and response.status == 200 and is_sse:
-            return self._relay_stream(response)
-        return await self._relay_whole(response)
+        return await self._relay(response)
 
     def _forward(self, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         """The body to send, and its parsed form."""
