@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from policies.transcript import message_text
-from policies.types import CountFn, Decision, Message, RecallSpec
+from policies.types import Budget, CountFn, Decision, Message, RecallSpec
 from policies.units import SYSTEM_ROLES
 
 RECALL_HEADER = (
@@ -111,6 +111,22 @@ def reserve(spec: RecallSpec, limit: int | None) -> int:
         return spec.max_tokens if limit is None else min(spec.max_tokens, limit // 2)
     if spec.share is not None and limit is not None:
         return int(spec.share * limit)
+    return 0
+
+
+def recall_budget(budget: Budget, decision: Decision) -> int:
+    """The recall block's budget for ``decision``, made under ``budget``.
+
+    The reserve taken off the budget; or, when the conversation fit the whole
+    budget (nothing was taken off), what the decision leaves of it, at most
+    the reserve: a conversation short in tokens but long in turns (a mode's
+    turn trigger) still gets recall, and one that fits is never trimmed
+    earlier to make room for a block it does not need.
+    """
+    if budget.recall:
+        return budget.recall
+    if budget.spare and budget.limit is not None and decision.dropped:
+        return max(0, min(budget.spare, budget.limit - decision.tokens_after))
     return 0
 
 
