@@ -38,7 +38,7 @@ from policies.types import Message, RecallSpec, SummarizerSpec, SummarizeSpec
 # The recall share of each mode's budget (bench/recall.py, modes section).
 CONCISE_RECALL = 0.3
 BALANCED_RECALL = 0.3
-FULL_RECALL = 0.2
+FULL_RECALL = 0.1
 
 CONCISE = SummarizeSpec(
     trigger_turns=5,

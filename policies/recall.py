@@ -362,9 +362,18 @@ class _Picker:
         self.repaired = decision.repaired
         self.newest = newest
         self.shape = shape
+        # unit_at's answers: neighbors and fill rounds ask again for the same messages.
+        self._units: dict[int, tuple[int, int] | None] = {}
 
     def unit_at(self, i: int) -> tuple[int, int] | None:
         """The unit of message ``i`` as a span, if it may come back; None otherwise."""
+        if i in self._units:
+            return self._units[i]
+        unit = self._unit_at(i)
+        self._units[i] = unit
+        return unit
+
+    def _unit_at(self, i: int) -> tuple[int, int] | None:
         if not 0 <= i < len(self.messages) or self.shape.pinned(i):
             return None
         start, end = self.shape.bounds(i)
