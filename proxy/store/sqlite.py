@@ -345,7 +345,9 @@ class SqliteStore:
         return [_item(row) for row in await self._fetch(query, (tenant, response_id))]
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:
-        return await self._write(functools.partial(jobs.delete_response, tenant, response_id))
+        # A walk along the chain: on the writer's thread, not the loop.
+        job = functools.partial(jobs.delete_response, tenant, response_id)
+        return await self._write(job, inline=False)
 
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 
