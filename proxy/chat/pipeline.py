@@ -470,7 +470,16 @@ class ChatExchange:
         if upstream is None:
             # The store queues the write now (SqliteStore: no task or coroutine
             # per request, only the write's future).
-            future = self.rt.store.record_exchange_soon(self.ref, conversation, reply_in, record)
+            if self._durable():
+                # The client waits for this commit: a store may write it at once
+                # (SQLite: no group-commit linger).
+                future = asyncio.ensure_future(
+                    self.rt.store.record_exchange(self.ref, conversation, reply_in, record)
+                )
+            else:
+                future = self.rt.store.record_exchange_soon(
+                    self.ref, conversation, reply_in, record
+                )
             future.add_done_callback(functools.partial(self._written, time.perf_counter()))
             self.rt.background.track(future, name=f"store-{self.id}")
             return future
