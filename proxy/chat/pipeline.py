@@ -40,7 +40,7 @@ from proxy.http.sessions import (
 )
 from proxy.http.shape import check_chat, check_chat_history, valid_reply
 from proxy.runtime import Runtime
-from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef
 from proxy.telemetry.cache_usage import cache_usage
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
@@ -470,6 +470,7 @@ class ChatExchange:
         if upstream is None:
             # The store queues the write now (SqliteStore: no task or coroutine
             # per request, only the write's future).
+            future: asyncio.Future[ExchangeResult | None]
             if self._durable():
                 # The client waits for this commit: a store may write it at once
                 # (SQLite: no group-commit linger).
