@@ -17,7 +17,7 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick]
+    python bench/recall.py [--quick] [--embeddings]   (--embeddings: only the semantic rows)
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import recall_embeddings
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -389,6 +390,25 @@ def _no_index(conn: Any, session_id: int, items: Any) -> None:
     return None
 
 
+async def embeddings_only(
+    store: SqliteStore,
+    conversations: list[list[dict[str, Any]]],
+    questions: list[Question],
+    quick: bool,
+) -> None:
+    asked = questions[:200] if quick else questions
+    stored = [[message_in(m) for m in c] for c in conversations]
+    for k, conv in enumerate(stored):
+        await store.record_exchange(SessionRef("bench", f"conv-{k}"), conv, None, record(f"c{k}"))
+    me = sys.modules[__name__]
+    print_retention(
+        await recall_embeddings.sweep(me, store, stored, asked), len(asked), "embeddings, weight"
+    )
+    recall_embeddings.print_latency(
+        await recall_embeddings.latency(me, store, conversations, questions, 100 if quick else 500)
+    )
+
+
 async def main() -> None:
     quick = "--quick" in sys.argv
     if not DATA.exists():
@@ -398,6 +418,12 @@ async def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
     store = SqliteStore(directory / "bench.db")
     await store.open()
+    if "--embeddings" in sys.argv:  # only the semantic rows and their cost
+        try:
+            await embeddings_only(store, conversations, questions, quick)
+        finally:
+            await store.close()
+        return
     try:
         started = time.perf_counter()
         rows = await retention(store, conversations, questions[:200] if quick else questions)
@@ -410,6 +436,14 @@ async def main() -> None:
             f"{len(over)} (by at most {max(over, default=0)}), above by "
             f"{statistics.mean(slack):.1f} tokens on average"
         )
+        asked = questions[:200] if quick else questions
+        stored = [[message_in(m) for m in c] for c in conversations]
+        semantic_rows = await recall_embeddings.sweep(sys.modules[__name__], store, stored, asked)
+        print_retention(semantic_rows, len(asked), "embeddings, weight")
+        semantic_lat = await recall_embeddings.latency(
+            sys.modules[__name__], store, conversations, questions, 100 if quick else 500
+        )
+        recall_embeddings.print_latency(semantic_lat)
         mode_rows = await modes(store, conversations, questions[:200] if quick else questions)
         print_retention(mode_rows, len(questions[:200] if quick else questions), "mode, share")
         lat = await latency(store, conversations, questions, 100 if quick else 500)
