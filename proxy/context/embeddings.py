@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +38,7 @@ log = get_logger()
 
 BATCH = 256
 MAX_PENDING = 50_000
+MAX_SCANNED = 10_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Embeddings:
         self._metrics = metrics
         self._queue: deque[_Job] = deque()
         self._queued: set[int] = set()
+        # Sessions whose older messages were looked over once (see ``stored``).
+        self._scanned: OrderedDict[SessionRef, None] = OrderedDict()
         self._draining = False
         self._loading: asyncio.Task[None] | None = None
         self.load_error: str | None = None
@@ -114,12 +117,16 @@ class Embeddings:
             return
         items = list(conversation) + ([reply] if reply is not None else [])
         ids = list(result.item_ids) + ([result.reply_id] if result.reply_id is not None else [])
-        # The new ones; and when the session's vectors are cached and fewer than
-        # its messages, the older ones that lack one too.
+        # The new ones; and the first time a session is seen here with its
+        # vectors cached and fewer than its messages, the older ones lacking one
+        # (a session stored before embeddings were on): scanned once per session.
         first = len(result.item_ids) - result.new_messages
         cached = self.cache.peek(ref)
-        if cached is not None and cached.count < len(ids):
+        if cached is not None and ref not in self._scanned and cached.count < len(ids):
             todo = [i for i in range(len(ids)) if ids[i] not in cached.ids]
+            self._scanned[ref] = None
+            if len(self._scanned) > MAX_SCANNED:
+                self._scanned.popitem(last=False)
         else:
             todo = list(range(max(0, first), len(ids)))
         added = 0

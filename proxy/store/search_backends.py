@@ -10,8 +10,10 @@ from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
 from proxy.store.postgres import PostgresStore
 from proxy.store.postgres_search import PostgresRecallIndex
+from proxy.store.postgres_vectors import PostgresVectorIndex
 from proxy.store.redis import RedisStore
 from proxy.store.redis_search import RedisRecallIndex
+from proxy.store.redis_vectors import RedisVectorIndex
 from proxy.store.search import RecallIndex
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
@@ -38,4 +40,8 @@ def vector_index_for(store: Store) -> VectorIndex | None:
         return SqliteVectorIndex(store.fetch, store.write)
     if isinstance(store, MemoryStore):
         return store
+    if isinstance(store, PostgresStore):
+        return PostgresVectorIndex(store._fetch, store._transaction)
+    if isinstance(store, RedisStore):
+        return RedisVectorIndex(store)
     return None

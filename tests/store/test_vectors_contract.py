@@ -13,7 +13,7 @@ from proxy.store.vectors import ItemVector, VectorIndex
 from tests.stores import ALICE, make_store, msg, req
 
 # Every backend keeps vectors (proxy/store/search_backends.py).
-VECTOR_BACKENDS = ["sqlite", "memory"]
+VECTOR_BACKENDS = ["sqlite", "memory", "redis", "postgres"]
 BOB = SessionRef("tenant-b", ALICE.key)
 
 
