@@ -2,18 +2,32 @@
 
 All run on loopback against one fast fake upstream, each server in its own
 process; the load generator sends the same 20-message, ~4k-token body at
-concurrency 1 and 16, in interleaved rounds so drift hits all alike.
-ctxproxy runs twice: on SQLite (the default) and, as ``ctxproxy-pg``, on the
-PostgreSQL store with Redis coordination (a fresh schema and key prefix,
-removed afterwards; ``--no-postgres`` leaves it out).
-Prints req/s, p50, p99 and the server's CPU time per request (the robust
-number on a shared machine) per target, and the ratios the issue sets targets
-for: ctxproxy keeps >= 60% of the pass-through's throughput at concurrency 16
-and adds < 1 ms p50 at concurrency 1. Requests carry a session id (each
-exchange is stored, the history resent every time) unless --no-session.
+concurrency 1 and 16, in interleaved rounds so drift hits all alike. The
+ctxproxy scenarios (one server, a route per policy chosen by an ``X-Bench``
+header; logging at ``info``, the shipped default, to /dev/null):
 
-    python bench/overhead.py [--rounds 3] [--requests 400] [--no-session]
-        [--postgres URL] [--redis URL] [--no-postgres]
+- ``pass``: the passthrough policy without a session (nothing stored);
+- ``pass+s``, ``trim+s``, ``balanced+s``: with a session (each exchange
+  stored, the history resent every time): passthrough, trim ``{max_tokens:
+  3000, low_water: 0.7}``, the ``balanced`` mode;
+- ``commit+s``: ``pass+s`` on a second server that commits every stored
+  exchange before the last byte reaches the client, as ``history: server``
+  routes and ``/v1/responses`` do (client-held history writes after the
+  answer): the pair ``pass+s`` / ``commit+s`` is that commit's latency cost;
+- ``trim+s@warn``: ``trim+s`` on a third server logging at ``warning``: what
+  the ``request_completed`` line costs;
+- ``pg+s``: ``pass+s`` on the PostgreSQL store with Redis coordination (a
+  fresh schema and key prefix, removed afterwards; ``--no-postgres`` leaves
+  it out).
+
+Prints req/s, p50, p99 and the server's CPU time per request (the robust
+number on a shared machine) per scenario, and the ratios issue 16 sets
+targets for: c=16 throughput / the minimal pass-through (``pass`` >= 0.90,
+``trim+s`` >= 0.80, ``balanced+s`` >= 0.70) and the p50 ``trim+s`` adds at c=1
+over it (<= 0.3 ms).
+
+    python bench/overhead.py [--rounds 3] [--requests 400] [--concurrency 1 16]
+        [--only NAME ...] [--postgres URL] [--redis URL] [--no-postgres]
 """
 
 from __future__ import annotations
@@ -144,19 +158,46 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def proxy_config(path: Path, up_port: int, store: dict[str, object], **extra: object) -> Path:
+TRIM = {"strategy": "trim", "max_tokens": 3000, "low_water": 0.7}
+
+
+def proxy_config(
+    path: Path, up_port: int, store: dict[str, object], level: str = "info", **extra: object
+) -> Path:
+    def route(bench: str | None, policy: str) -> dict[str, object]:
+        match: dict[str, object] = {"path": "/v1/chat/completions"}
+        if bench is not None:
+            match["headers"] = {"X-Bench": bench}
+        return {"match": match, "upstream": "fast", "policy": policy}
+
     path.write_text(
         json.dumps(
             {
                 "store": store,
-                "logging": {"level": "warning"},
+                "logging": {"level": level, "format": "json"},
                 "upstreams": {"fast": {"base_url": f"http://127.0.0.1:{up_port}/v1"}},
-                "routes": [{"match": {"path": "/v1/chat/completions"}, "upstream": "fast"}],
+                "policies": {"trim3000": TRIM},
+                "routes": [
+                    route("trim", "trim3000"),
+                    route("balanced", "balanced"),
+                    route(None, "passthrough"),
+                ],
                 **extra,
             }
         )
     )
     return path
+
+
+# ctxproxy, committing every stored exchange before the last byte (bench only):
+# what ``history: server`` routes do, on the client-held route's identical work.
+COMMIT_FIRST = r"""
+import sys
+from proxy.chat.pipeline import ChatExchange
+ChatExchange._durable = lambda self: self.ref is not None
+from proxy.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 async def drop_schema(url: str, schema: str) -> None:
@@ -181,13 +222,28 @@ async def drop_keys(url: str, prefix: str) -> None:
         await client.aclose()
 
 
+def start_proxy(
+    procs: list[subprocess.Popen[bytes]],
+    env: dict[str, str],
+    config: Path,
+    port: int,
+    code: str | None = None,
+) -> int:
+    """Start a ctxproxy server (``code``: a ``-c`` program instead of ``-m proxy``); its pid."""
+    start = ["-c", code] if code is not None else ["-m", "proxy"]
+    cmd = [sys.executable, *start, "--config", str(config), "--port", str(port)]
+    procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL))
+    return procs[-1].pid
+
+
 async def main_async(args: argparse.Namespace) -> int:
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(REPO)}
     procs: list[subprocess.Popen[bytes]] = []
     tmp = tempfile.TemporaryDirectory()
+    work = Path(tmp.name)
     schema = f"bench_{os.getpid()}"
     try:
-        up_port, pass_port, proxy_port = free_port(), free_port(), free_port()
+        up_port, pass_port = free_port(), free_port()
         procs.append(subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env))
         upstream_url = f"http://127.0.0.1:{up_port}/v1/chat/completions"
         procs.append(
@@ -195,109 +251,131 @@ async def main_async(args: argparse.Namespace) -> int:
                 [sys.executable, "-c", PASSTHROUGH, str(pass_port), upstream_url], env=env
             )
         )
-        config = proxy_config(
-            Path(tmp.name) / "config.yaml", up_port, {"path": str(Path(tmp.name) / "bench.db")}
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "proxy", "--config", str(config), "--port", str(proxy_port)],
-                env=env,
-                cwd=REPO,
-            )
-        )
-        targets = {
-            "direct": upstream_url,
-            "minimal": f"http://127.0.0.1:{pass_port}/v1/chat/completions",
-            "ctxproxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+        servers: dict[str, tuple[str, int]] = {
+            "direct": (upstream_url, procs[0].pid),
+            "minimal": (f"http://127.0.0.1:{pass_port}/v1/chat/completions", procs[1].pid),
         }
-        pids = {"direct": procs[0].pid, "minimal": procs[1].pid, "ctxproxy": procs[2].pid}
+
+        def proxy(name: str, level: str = "info", code: str | None = None, **store: object) -> None:
+            port = free_port()
+            store = store or {"path": str(work / f"{name}.db")}
+            extra = store.pop("extra", {})
+            assert isinstance(extra, dict)
+            config = proxy_config(work / f"{name}.json", up_port, store, level, **extra)
+            pid = start_proxy(procs, env, config, port, code)
+            servers[name] = (f"http://127.0.0.1:{port}/v1/chat/completions", pid)
+
+        proxy("ctxproxy")
+        proxy("commit", code=COMMIT_FIRST)
+        proxy("quiet", level="warning")
         if not args.no_postgres:
-            pg_port = free_port()
-            pg_config = proxy_config(
-                Path(tmp.name) / "pg.yaml",
-                up_port,
-                {"url": args.postgres, "schema": schema, "pool_size": 10},
-                coordination={"redis_url": args.redis, "key_prefix": f"bench:{schema}"},
+            proxy(
+                "pg",
+                url=args.postgres,
+                schema=schema,
+                pool_size=10,
+                extra={"coordination": {"redis_url": args.redis, "key_prefix": f"bench:{schema}"}},
             )
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "proxy",
-                        "--config",
-                        str(pg_config),
-                        "--port",
-                        str(pg_port),
-                    ],
-                    env=env,
-                    cwd=REPO,
-                )
-            )
-            targets["ctxproxy-pg"] = f"http://127.0.0.1:{pg_port}/v1/chat/completions"
-            pids["ctxproxy-pg"] = procs[-1].pid
-        for url in targets.values():
+        # scenario -> (server, X-Bench route, session)
+        scenarios: dict[str, tuple[str, str | None, bool]] = {
+            "direct": ("direct", None, False),
+            "minimal": ("minimal", None, False),
+            "pass": ("ctxproxy", None, False),
+            "pass+s": ("ctxproxy", None, True),
+            "trim+s": ("ctxproxy", "trim", True),
+            "balanced+s": ("ctxproxy", "balanced", True),
+            "commit+s": ("commit", None, True),
+            "trim+s@warn": ("quiet", "trim", True),
+        }
+        if not args.no_postgres:
+            scenarios["pg+s"] = ("pg", None, True)
+        if args.only:
+            scenarios = {k: v for k, v in scenarios.items() if k in {"minimal", *args.only}}
+        for url, _ in servers.values():
             await wait_ready(url)
         body = make_body()
-        headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
-        if not args.no_session:
-            # One session, the same history resent every time: each request is stored.
-            headers["X-Session-Id"] = "bench"
+
+        def headers(name: str) -> dict[str, str]:
+            _, bench, session = scenarios[name]
+            h = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
+            if bench is not None:
+                h["X-Bench"] = bench
+            if session:
+                # One session per scenario, the same history resent every time.
+                h["X-Session-Id"] = f"bench-{name}"
+            return h
+
         results: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
         cpu: dict[tuple[str, int], list[float]] = {}
-        # Warm every target first (connection pools, the tokenizer's one-time
-        # load, SQLite caches), so the rounds measure the steady state.
-        for url in targets.values():
-            await run_load(url, body, 4, 200, headers)
+        # Warm every scenario first (connection pools, the tokenizer's one-time
+        # load, SQLite caches, a summary), so the rounds measure the steady state.
+        for name, (server, _, _) in scenarios.items():
+            await run_load(servers[server][0], body, 4, 200, headers(name))
         for concurrency in args.concurrency:
             for rnd in range(args.rounds):
-                for name, url in targets.items():
-                    before = cpu_seconds(pids[name])
-                    rps, lat = await run_load(url, body, concurrency, args.requests, headers)
+                for name, (server, _, _) in scenarios.items():
+                    url, pid = servers[server]
+                    before = cpu_seconds(pid)
+                    rps, lat = await run_load(url, body, concurrency, args.requests, headers(name))
                     # Server CPU per request: robust to other load on the machine.
-                    used = (cpu_seconds(pids[name]) - before) / (args.requests + concurrency)
+                    used = (cpu_seconds(pid) - before) / (args.requests + concurrency)
                     cpu.setdefault((name, concurrency), []).append(used * 1000)
                     entry = results.setdefault((name, concurrency), ([], []))
                     entry[0].append(rps)
                     entry[1].extend(lat)
                     print(
-                        f"  round {rnd + 1} c={concurrency:<2} {name:<11} {rps:8.0f} req/s",
+                        f"  round {rnd + 1} c={concurrency:<2} {name:<12} {rps:8.0f} req/s",
                         flush=True,
                     )
         print()
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(
-            f"{'target':<12} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/req':>11}"
+            f"{'scenario':<12} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'cpu ms/req':>11} {'÷ minimal':>10}"
         )
-        for (name, concurrency), (rps_list, lat) in results.items():
-            print(
-                f"{name:<12} {concurrency:>4} {statistics.median(rps_list):9.0f} "
-                f"{pct(lat, 0.5):8.3f} {pct(lat, 0.99):8.3f} "
-                f"{statistics.median(cpu[(name, concurrency)]):11.3f}"
-            )
 
         def rps(name: str, c: int) -> float:
             return statistics.median(results[(name, c)][0])
 
+        def ratio(name: str, c: int) -> float:
+            # Per round, then the median: each round's pair ran back to back.
+            pairs = zip(results[(name, c)][0], results[("minimal", c)][0], strict=True)
+            return statistics.median(a / b for a, b in pairs)
+
         def p50(name: str, c: int) -> float:
             return pct(results[(name, c)][1], 0.5)
 
-        for proxy in ("ctxproxy", "ctxproxy-pg"):
-            if proxy not in targets:
-                continue
-            print()
-            if (proxy, 16) in results:
-                ratio16 = rps(proxy, 16) / rps("minimal", 16)
-                print(f"throughput {proxy}/minimal at c=16: {ratio16:.2f} (target >= 0.60)")
+        for (name, concurrency), (rps_list, lat) in results.items():
+            print(
+                f"{name:<12} {concurrency:>4} {statistics.median(rps_list):9.0f} "
+                f"{pct(lat, 0.5):8.3f} {pct(lat, 0.99):8.3f} "
+                f"{statistics.median(cpu[(name, concurrency)]):11.3f} "
+                f"{ratio(name, concurrency):10.2f}"
+            )
+        print()
+        targets = {"pass": 0.90, "trim+s": 0.80, "balanced+s": 0.70}
+        for name, target in targets.items():
+            if (name, 16) in results:
                 print(
-                    f"throughput {proxy}/direct  at c=16: {rps(proxy, 16) / rps('direct', 16):.2f}"
+                    f"throughput {name}/minimal at c=16: {ratio(name, 16):.2f} (target >= {target})"
                 )
-            if (proxy, 1) in results:
-                added_direct = p50(proxy, 1) - p50("direct", 1)
-                added_minimal = p50(proxy, 1) - p50("minimal", 1)
+        if ("trim+s", 1) in results:
+            added = p50("trim+s", 1) - p50("minimal", 1)
+            print(f"p50 added by trim+s at c=1 over minimal: {added:+.3f} ms (target <= 0.3 ms)")
+        if ("pass+s", 1) in results and ("commit+s", 1) in results:
+            for c in args.concurrency:
+                cost = p50("commit+s", c) - p50("pass+s", c)
                 print(
-                    f"p50 added by {proxy} at c=1 vs direct:  {added_direct:.3f} ms (target < 1 ms)"
+                    f"commit before the last byte, c={c}: p50 {cost:+.3f} ms, throughput "
+                    f"{rps('commit+s', c) / rps('pass+s', c):.2f}x of the write-after path"
                 )
-                print(f"p50 added by {proxy} at c=1 vs minimal: {added_minimal:.3f} ms")
+        if ("trim+s", 16) in results and ("trim+s@warn", 16) in results:
+            info_cpu = statistics.median(cpu[("trim+s", 16)])
+            warn_cpu = statistics.median(cpu[("trim+s@warn", 16)])
+            print(
+                f"logging at info vs warning (trim+s, c=16): CPU {info_cpu / warn_cpu - 1:+.1%}"
+                " per request (target <= 5%)"
+            )
         return 0
     finally:
         for p in procs:
@@ -317,9 +395,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument(
-        "--no-session", action="store_true", help="send no session id (nothing is stored)"
-    )
+    parser.add_argument("--only", nargs="+", help="run only these scenarios (and minimal)")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument(

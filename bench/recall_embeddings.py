@@ -1,6 +1,6 @@
 """Semantic recall (``embeddings: wordllama``) on LoCoMo: evidence kept, the fusion weight, cost.
 
-Run by bench/recall.py (``python bench/recall.py``; ``--quick``: 200
+Run by bench/recall.py (``python bench/recall.py --only embeddings``; ``--quick``: 200
 questions). The conversations are stored as for the lexical rows, then
 embedded by the proxy's own background service (proxy/context/embeddings.py:
 batches on a worker thread, vectors into SQLite), which gives the throughput

@@ -178,6 +178,10 @@ class Budget:
     fixed: int = 0
     # Tokens set aside for recalled turns (policies.recall), already taken off ``limit``.
     recall: int = 0
+    # Recall's reserve when it was not taken off ``limit`` (the conversation fits
+    # the whole budget, so the policy drops nothing for tokens): recall gets up to
+    # this much of what the policy's decision leaves (:func:`policies.recall.recall_budget`).
+    spare: int = 0
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def create_app(
         config=config,
         store=store,
         calibration=calibration,
-        # A store that checks fencing tokens (PostgreSQL) learns each new one.
+        # A store that checks fencing tokens (PostgreSQL, Redis) learns each new one.
         coordinator=build_coordinator(
             config.coordination, calibration, fence=getattr(store, "advance_fence", None)
         ),

@@ -40,7 +40,7 @@ from proxy.http.sessions import (
 )
 from proxy.http.shape import check_chat, check_chat_history, valid_reply
 from proxy.runtime import Runtime
-from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef
 from proxy.telemetry.cache_usage import cache_usage
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
@@ -470,7 +470,17 @@ class ChatExchange:
         if upstream is None:
             # The store queues the write now (SqliteStore: no task or coroutine
             # per request, only the write's future).
-            future = self.rt.store.record_exchange_soon(self.ref, conversation, reply_in, record)
+            future: asyncio.Future[ExchangeResult | None]
+            if self._durable():
+                # The client waits for this commit: a store may write it at once
+                # (SQLite: no group-commit linger).
+                future = asyncio.ensure_future(
+                    self.rt.store.record_exchange(self.ref, conversation, reply_in, record)
+                )
+            else:
+                future = self.rt.store.record_exchange_soon(
+                    self.ref, conversation, reply_in, record
+                )
             future.add_done_callback(functools.partial(self._written, time.perf_counter()))
             if self.recall is not None and self.recall.embed:
                 future.add_done_callback(

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.fusion import fuse
 from policies.modes import latest_user_text
-from policies.recall import Hit, Recalled, recall
+from policies.recall import Hit, Recalled, Shape, recall
 from policies.transcript import message_text
 from policies.types import CountFn, Decision, Message, RecallSpec
 from proxy.context.recall_query import query_terms, words_of
@@ -140,10 +140,12 @@ class RecallService:
         decision: Decision,
         count: CountFn,
         sizes: Sequence[int] | None = None,
+        shape: Shape | None = None,
     ) -> tuple[Decision, RecallOutcome]:
         """``decision`` with recalled turns added (within ``budget`` tokens), and the outcome.
 
-        ``sizes``: the conversation's token counts by position, when known.
+        ``sizes``: the conversation's token counts by position, when known;
+        ``shape``: its units when they are not chat messages (Responses items).
         """
         started = time.perf_counter()
         outcome = RecallOutcome(status=NONE, budget=budget)
@@ -155,7 +157,7 @@ class RecallService:
                 outcome.status = UNSUPPORTED
             elif decision.dropped and budget > 0:
                 decision = await self._recall(
-                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome
+                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome, shape
                 )
         except Exception as exc:  # recall must never fail a request (see above)
             outcome.status = ERROR
@@ -176,6 +178,7 @@ class RecallService:
         count: CountFn,
         sizes: Sequence[int] | None,
         outcome: RecallOutcome,
+        shape: Shape | None = None,
     ) -> Decision:
         assert self._index is not None
         text = latest_user_text(conversation)
@@ -210,7 +213,14 @@ class RecallService:
             hits = fuse(hits, close, spec.semantic_weight)
         outcome.candidates = len(hits)
         decision, outcome.recalled = recall(
-            conversation, decision, hits, count, budget, neighbors=spec.neighbors, sizes=sizes
+            conversation,
+            decision,
+            hits,
+            count,
+            budget,
+            neighbors=spec.neighbors,
+            sizes=sizes,
+            shape=shape,
         )
         if outcome.recalled.spans:
             outcome.status = RECALLED

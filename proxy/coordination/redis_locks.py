@@ -14,7 +14,7 @@ grows with every acquisition, and keeps growing across a Redis restart that
 lost every key (a plain INCR counter would start again at 1, and the store
 would then refuse every write of sessions it knew).
 
-With a shared SQL store, the new token is handed to it (``fence``) before the
+With a shared store (PostgreSQL, Redis), the new token is handed to it (``fence``) before the
 holder reads anything, so from then on the store refuses writes with older
 tokens: a holder whose lease lapsed (an event loop stalled past two thirds of
 the lease) cannot write after the next holder began, whichever writes first.

@@ -11,7 +11,7 @@ from proxy.coordination.local import LocalCoordinator
 def build_coordinator(
     config: CoordinationConfig, calibration: Calibration, *, fence: FenceHook | None = None
 ) -> Coordinator:
-    """``fence``: the store's ``advance_fence`` when it checks fencing tokens (PostgreSQL)."""
+    """``fence``: the store's ``advance_fence`` if it checks fencing tokens (PostgreSQL, Redis)."""
     if config.redis_url is None:
         return LocalCoordinator()
     from proxy.coordination.redis import RedisCoordinator

@@ -74,7 +74,7 @@ async def _delete(
 ) -> Response:
     if stored is None:
         return await _pass_through(request, rt, response_id)
-    # Only the id is forgotten: later responses may chain through its items.
+    # The id and what only it holds; what later responses chain through stays.
     await rt.store.delete_response(stored.tenant, response_id)
     return _json({"id": response_id, "object": "response", "deleted": True})
 

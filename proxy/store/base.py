@@ -303,7 +303,13 @@ class Store(Protocol):
         ...
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:
-        """Forget the response id; its items stay (later responses may chain through them)."""
+        """Forget the response id and delete what only it holds, atomically.
+
+        What goes (proxy/store/pruning.py): its mapping; its own request rows;
+        the items of its chain nothing else reaches (later responses, request
+        rows, a branch), with their recall index entries; summaries covering
+        any of them; the session, if left with no items and no request rows.
+        """
         ...
 
     # -- summaries ----------------------------------------------------------------

@@ -8,8 +8,12 @@ the store committed, so the next exchange computes path hashes and looks
 up ids only for the items after the resent prefix.
 
 Why cached ids stay valid: a session's ids are never reused (AUTOINCREMENT)
-and items are only ever deleted with their whole session, so every item of
-a committed chain exists for as long as its session keeps its id. The write
+and items are deleted only with their whole session or by a response's
+DELETE (proxy/store/pruning.py), which keeps every item a request row ends
+at: a chat chain is cached only from a committed exchange, whose row ends at
+its last item, so every item of it exists for as long as its session keeps
+its id. (The Redis store caches response chains too; its write script checks
+that the cached chain's last item still exists.) The write
 job compares the session id it upserts with the cached one and ignores the
 cache when they differ (the session was deleted and made again). The cache
 is filled only with what a committed job returned, never with what a job

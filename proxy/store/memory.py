@@ -29,6 +29,7 @@ from proxy.store.base import (
     dropped_item_ids,
     request_row,
 )
+from proxy.store.pruning import exclusive_suffix
 from proxy.store.vectors import ItemVector, StoredVectors
 
 
@@ -331,7 +332,10 @@ class MemoryStore:
             if row is None:
                 return StoredVectors(None, [], after)
             stored = self._vectors.get(row.id, [])
-            return StoredVectors(row.id, stored[after:], max(after, len(stored)))
+            # An item pruned since (a deleted response's) takes its vector with it;
+            # the list keeps its entry so that cursors stay positions in it.
+            rows = [v for v in stored[after:] if v.item_id in self._items]
+            return StoredVectors(row.id, rows, max(after, len(stored)))
 
     # -- Responses API ----------------------------------------------------------
 
@@ -426,8 +430,53 @@ class MemoryStore:
         return chain[::-1]
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:
+        """The mapping and what only this response holds (proxy/store/pruning.py)."""
         async with self._lock:
-            return self._responses.pop((tenant, response_id), None) is not None
+            found = self._responses.pop((tenant, response_id), None)
+            if found is None:
+                return False
+            stored = found[0]
+            row = self._sessions[(tenant, stored.session_key)]
+            references: set[int] = set()
+            for other, _ in self._responses.values():
+                if other.session_id == row.id:
+                    references.update((other.head_item_id or 0, other.input_head_item_id or 0))
+            for request_id, data in list(self._requests.items()):
+                named = orjson.loads(data)
+                if (named["tenant"], named["session_key"]) != (tenant, row.key):
+                    continue
+                if named["detail"].get("response_id") == response_id:
+                    del self._requests[request_id]
+                else:
+                    references.update((named["last_item_id"] or 0, named["reply_item_id"] or 0))
+            if row.head_item_id is not None and row.head_item_id != stored.head_item_id:
+                references.add(row.head_item_id)
+            by_path = self._by_path[row.id]
+            children: dict[int, int] = {}
+            for item_id in by_path.values():
+                parent = self._items[item_id].parent_id
+                if parent is not None:
+                    children[parent] = children.get(parent, 0) + 1
+            gone = exclusive_suffix(
+                stored.head_item_id,
+                lambda i: self._items[i].parent_id,
+                lambda i: children.get(i, 0),
+                references,
+            )
+            survivor = self._items[gone[-1]].parent_id if gone else None
+            for item_id in gone:
+                del by_path[self._items.pop(item_id).path_hash]
+                del self._messages[item_id]
+            if gone:
+                summaries = self._summaries.get(row.id, [])
+                summaries[:] = [d for d in summaries if _summary(d).covers_item_id not in gone]
+            if row.head_item_id in gone:
+                row.head_item_id = survivor
+            owned = any(s.session_id == row.id for s, _ in self._responses.values())
+            if not by_path and not owned and not self._named_requests(tenant, row.key):
+                del self._sessions[(tenant, row.key)]
+                self._drop_session(row)
+            return True
 
     # -- summaries ----------------------------------------------------------------
 

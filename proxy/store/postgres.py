@@ -326,10 +326,7 @@ class PostgresStore:
         return [item_from_row(r) for r in await self._fetch(query, tenant, response_id)]
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:
-        rows = await self._fetch(
-            "DELETE FROM responses WHERE tenant = $1 AND id = $2 RETURNING id", tenant, response_id
-        )
-        return bool(rows)
+        return await self._transaction(lambda c: jobs.delete_response(c, tenant, response_id))
 
     # -- summaries ------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from proxy.store.base import (
     chain_path_hashes,
 )
 from proxy.store.chains import Prefix
+from proxy.store.pruning import chain_up_sql, exclusive_suffix, references_sql
 from proxy.store.rows import dumps, encoded_request, summary_from_row
 from proxy.store.search_text import search_text
 
@@ -328,3 +329,76 @@ async def save_summary(
         summary.start_unit,
     )
     return summary_from_row(row)
+
+
+_CHAIN_UP = chain_up_sql("$1::bigint")
+_REFERENCES = references_sql("$1", "$2", "$3")
+
+
+async def delete_response(conn: Conn, tenant: str, response_id: str) -> bool:
+    """The mapping and what only this response holds (proxy/store/pruning.py).
+
+    The session's row is locked first (as every write does), so no exchange
+    of the session can chain onto an item while it is being deleted.
+    """
+    found = await conn.fetchrow(
+        "SELECT r.session_id, r.head_item_id FROM responses r WHERE r.tenant = $1 AND r.id = $2",
+        tenant,
+        response_id,
+    )
+    if found is None:
+        return False
+    session_id, head = found
+    key, session_head = await conn.fetchrow(
+        "UPDATE sessions SET version = version + 1 WHERE id = $1 RETURNING key, head_item_id",
+        session_id,
+    )
+    deleted = await conn.fetch(
+        "DELETE FROM responses WHERE tenant = $1 AND id = $2 AND session_id = $3 RETURNING id",
+        tenant,
+        response_id,
+        session_id,
+    )
+    if not deleted:  # remapped or deleted meanwhile, before the session's lock was ours
+        return False
+    await conn.execute(
+        "DELETE FROM requests WHERE tenant = $1 AND session_key = $2"
+        " AND detail_json->>'response_id' = $3",
+        tenant,
+        key,
+        response_id,
+    )
+    rows = await conn.fetch(_REFERENCES, session_id, tenant, key)
+    references = {row[0] for row in rows if row[0] is not None}
+    if session_head is not None and session_head != head:
+        references.add(session_head)
+    chain = {row[0]: (row[1], row[2]) for row in await conn.fetch(_CHAIN_UP, head)}
+    gone = exclusive_suffix(
+        head if head in chain else None,
+        lambda i: chain[i][0],
+        lambda i: chain[i][1],
+        references,
+    )
+    if gone:
+        # The recall index (the items' tsvector column) goes with its rows.
+        await conn.execute(
+            "DELETE FROM summaries WHERE session_id = $1 AND covers_item_id = ANY($2::bigint[])",
+            session_id,
+            gone,
+        )
+        await conn.execute("DELETE FROM items WHERE id = ANY($1::bigint[])", gone)
+    if session_head in gone:
+        await conn.execute(
+            "UPDATE sessions SET head_item_id = $1 WHERE id = $2", chain[gone[-1]][0], session_id
+        )
+    empty = await conn.fetchval(
+        "SELECT NOT EXISTS (SELECT 1 FROM items WHERE session_id = $1)"
+        " AND NOT EXISTS (SELECT 1 FROM responses WHERE session_id = $1)"
+        " AND NOT EXISTS (SELECT 1 FROM requests WHERE tenant = $2 AND session_key = $3)",
+        session_id,
+        tenant,
+        key,
+    )
+    if empty:
+        await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
+    return True

@@ -262,6 +262,16 @@ class RedisStore:
     async def history(self, session: SessionRef) -> list[StoredItem]:
         return codec.items(await self._run("HISTORY", session.tenant, session.key))
 
+    async def advance_fence(self, session: SessionRef, token: int) -> None:
+        """A new holder of the session's lock: from now on, writes with older tokens are refused.
+
+        Called when the lock is taken, before the holder reads anything (as
+        PostgreSQL's), so a holder whose lease lapsed cannot write after the
+        next holder began, whoever writes first: RECORD compares its token with
+        the session's newest one.
+        """
+        await self._run("ADVANCE_FENCE", session.tenant, session.key, str(token))
+
     async def get_session(self, session: SessionRef) -> SessionInfo | None:
         out = await self._run("GET_SESSION", session.tenant, session.key)
         return codec.infos(out)[0] if out else None
@@ -422,7 +432,14 @@ class RedisStore:
         return found[:limit]
 
 
-_WRITE_SCRIPTS = ("RECORD", "SAVE_SUMMARY", "DELETE_SESSION", "DELETE_IDLE")
+_WRITE_SCRIPTS = (
+    "RECORD",
+    "SAVE_SUMMARY",
+    "DELETE_SESSION",
+    "DELETE_IDLE",
+    "DELETE_RESPONSE",
+    "ADVANCE_FENCE",
+)
 _READ_SCRIPTS = (
     "HISTORY",
     "GET_SESSION",
@@ -433,7 +450,6 @@ _READ_SCRIPTS = (
     "GET_RESPONSE",
     "RESPONSE_CHAIN",
     "RESPONSE_EXISTS",
-    "DELETE_RESPONSE",
     "SUMMARIES",
     "SEARCH",
 )

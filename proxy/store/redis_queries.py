@@ -178,22 +178,6 @@ return 0
 """
 )
 
-# ARGV: 1 prefix, 2 tenant, 3 response id. Returns 1 if it was there. Its items stay.
-DELETE_RESPONSE = (
-    "#!lua\n"
-    + PRELUDE
-    + _RESPONSE
-    + r"""
-local sid = owner()
-if not sid then return 0 end
-redis.call('HDEL', P .. 'o:' .. sid, resp)
-redis.call('HDEL', P .. 'e:' .. sid, resp)
-redis.call('HDEL', P .. 'resp', field)
-redis.call('SREM', P .. 'rt:' .. resp, tenant)
-return 1
-"""
-)
-
 # ARGV: 1 prefix, 2 tenant, 3 key. Returns the session's summaries' JSON (any order).
 SUMMARIES = (
     _READ

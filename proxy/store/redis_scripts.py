@@ -257,7 +257,11 @@ end
 
 local sid = live_sid(name)
 local known = tonumber(ARGV[11])
-if known > 0 and ARGV[9] ~= sid then return {'stale'} end
+-- The cached chain holds if its session is the same and its last item is
+-- still there (a deleted response's items go, and only from a chain's end).
+if known > 0 and (ARGV[9] ~= sid or redis.call('HEXISTS', P .. 'a:' .. sid, ARGV[10]) == 0) then
+  return {'stale'}
+end
 -- A session-lock fencing token older than one written before: that lock was lost.
 local fence = ARGV[21]
 if fence ~= '' and sid then
@@ -310,7 +314,9 @@ local tenant, key, now, ttl = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local name = nm(tenant, key)
 local sid = live_sid(name)
 local known = tonumber(ARGV[8])
-if known > 0 and ARGV[6] ~= sid then return {'stale'} end
+if known > 0 and (ARGV[6] ~= sid or redis.call('HEXISTS', P .. 'a:' .. sid, ARGV[7]) == 0) then
+  return {'stale'}
+end
 local missing = unindexed(sid, tonumber(ARGV[12]), 13)
 if #missing > 0 then return {'words', unpack(missing)} end
 local created = false
@@ -418,5 +424,156 @@ collect('resp', function(field, sid)
   end
 end)
 return {#members, deleted}
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 response id. Returns 1 if it was there. Deletes
+# what only it holds (proxy/store/pruning.py): its mapping, its own request
+# rows, the items only its chain reaches with their postings in the recall
+# index, the summaries covering any of them; the session when nothing is left.
+DELETE_RESPONSE = (
+    "#!lua\n"
+    + PRELUDE
+    + _DELETES
+    + r"""
+local tenant, resp = ARGV[2], ARGV[3]
+local field = #tenant .. ':' .. tenant .. ':' .. resp
+local sid = redis.call('HGET', P .. 'resp', field)
+local ends = sid and redis.call('HGET', P .. 'e:' .. sid, resp)
+if not ends then
+  if sid then
+    redis.call('HDEL', P .. 'resp', field)
+    redis.call('SREM', P .. 'rt:' .. resp, tenant)
+  end
+  return 0
+end
+local head = string.match(ends, '^([^:]*)')
+redis.call('HDEL', P .. 'o:' .. sid, resp)
+redis.call('HDEL', P .. 'e:' .. sid, resp)
+redis.call('HDEL', P .. 'resp', field)
+redis.call('SREM', P .. 'rt:' .. resp, tenant)
+local s = P .. 's:' .. sid
+local key = redis.call('HGET', s, 'k')
+local name = nm(tenant, key)
+local function id_of(v)
+  if type(v) == 'number' then return string.format('%d', v) end
+  return false
+end
+
+-- What else ends at an item: other responses, every other request row of the name.
+local refs = {}
+for _, other in ipairs(redis.call('HVALS', P .. 'e:' .. sid)) do
+  for id in string.gmatch(other, '%d+') do refs[id] = true end
+end
+local q = P .. 'q:' .. name
+local rows = redis.call('HGETALL', q)
+for i = 1, #rows, 2 do
+  local row = cjson.decode(rows[i + 1])
+  local detail = row['detail']
+  if type(detail) == 'table' and detail['response_id'] == resp then
+    redis.call('HDEL', q, rows[i])
+    redis.call('LREM', P .. 'l:' .. name, 0, rows[i])
+    redis.call('HDEL', P .. 'rid', rows[i])
+  else
+    for _, column in ipairs({'last_item_id', 'reply_item_id'}) do
+      local id = id_of(row[column])
+      if id then refs[id] = true end
+    end
+  end
+end
+local session_head = redis.call('HGET', s, 'h') or ''
+if session_head ~= '' and session_head ~= head then refs[session_head] = true end
+
+-- The walk back from the response's last item.
+local parents, children = {}, {}
+local links = redis.call('HGETALL', P .. 'a:' .. sid)
+for i = 1, #links, 2 do
+  parents[links[i]] = links[i + 1]
+  if links[i + 1] ~= '' then children[links[i + 1]] = (children[links[i + 1]] or 0) + 1 end
+end
+local gone, order = {}, {}
+local item = head
+while item and item ~= '' do
+  local others = 0
+  if #order > 0 then others = 1 end
+  if refs[item] or (children[item] or 0) > others then break end
+  gone[item] = true
+  order[#order + 1] = item
+  item = parents[item]
+end
+
+if #order > 0 then
+  local items, tokens = P .. 'i:' .. sid, 0
+  for _, id in ipairs(order) do
+    local fields = cjson.decode(redis.call('HGET', items, id))
+    redis.call('HDEL', P .. 'p:' .. sid, fields[1])
+    if type(fields[4]) == 'number' then tokens = tokens + fields[4] end
+    redis.call('HDEL', items, id)
+    redis.call('HDEL', P .. 'a:' .. sid, id)
+  end
+  redis.call('HINCRBY', s, 'n', -#order)
+  redis.call('HINCRBY', s, 'w', -tokens)
+  -- The recall index: the items' postings, and their share of its statistics.
+  local index, lengths, indexed, total = P .. 'x:' .. sid, {}, 0, 0
+  local postings = redis.call('HGETALL', index)
+  for i = 1, #postings, 2 do
+    local kept = string.gsub(postings[i + 1], '(%d+),%d+,(%d+),%d+;', function(id, length)
+      if gone[id] then
+        if not lengths[id] then
+          lengths[id] = true
+          indexed, total = indexed + 1, total + tonumber(length)
+        end
+        return ''
+      end
+    end)
+    if kept == '' then
+      redis.call('HDEL', index, postings[i])
+    elseif kept ~= postings[i + 1] then
+      redis.call('HSET', index, postings[i], kept)
+    end
+  end
+  if indexed > 0 then
+    redis.call('HINCRBY', s, 'xn', -indexed)
+    redis.call('HINCRBY', s, 'xl', -total)
+  end
+  -- Summaries covering a deleted item (their text holds its content).
+  local summaries = redis.call('HGETALL', P .. 'm:' .. sid)
+  for i = 1, #summaries, 2 do
+    local summary = cjson.decode(summaries[i + 1])
+    if gone[id_of(summary['covers_item_id']) or ''] then
+      redis.call('HDEL', P .. 'm:' .. sid, summaries[i])
+      redis.call('HDEL', P .. 'g:' .. sid,
+        summary['covers_path_hash'] .. ':' .. string.format('%d', summary['start_unit']))
+    end
+  end
+  if gone[session_head] then
+    local survivor = parents[order[#order]]
+    if survivor and survivor ~= '' then redis.call('HSET', s, 'h', survivor)
+    else redis.call('HDEL', s, 'h') end
+  end
+end
+
+if redis.call('HLEN', P .. 'i:' .. sid) == 0 and redis.call('HLEN', P .. 'o:' .. sid) == 0
+    and redis.call('HLEN', q) == 0 then
+  drop_session(sid, tenant, key)
+end
+return 1
+"""
+)
+
+# ARGV: 1 prefix, 2 tenant, 3 key, 4 fencing token. A new holder of the
+# session's lock: the session's newest token rises to it (never falls), so a
+# write with an older one is refused from now on. Not activity: nothing else moves.
+ADVANCE_FENCE = (
+    "#!lua\n"
+    + PRELUDE
+    + r"""
+local sid = live_sid(nm(ARGV[2], ARGV[3]))
+if not sid then return 0 end
+local s = P .. 's:' .. sid
+if tonumber(ARGV[4]) > tonumber(redis.call('HGET', s, 'f') or '0') then
+  redis.call('HSET', s, 'f', ARGV[4])
+end
+return 1
 """
 )

@@ -6,7 +6,8 @@ that have one, so an item keeps its first vector. Both are session keys
 (proxy/store/redis_scripts.py's SESSION_KEYS): deleted with the session,
 expiring with it (a write takes the session's remaining TTL). The cursor is
 the list's length: Redis runs one script at a time, so entries appear in
-list order and ``LRANGE`` from the cursor returns exactly what is new.
+list order and ``LRANGE`` from the cursor returns exactly what is new. An item
+pruned later (a deleted response's) keeps its entry, skipped on reading.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ return added
 )
 
 # ARGV: 1 prefix, 2 tenant, 3 key, 4 cursor (entries already read).
-# Returns {} for no session, else {session id, entry, ...} from the cursor on.
+# Returns {} for no session, else {session id, entries read, entry, ...} from the
+# cursor on (entries of items that no longer exist left out).
 VECTORS = (
     "#!lua flags=no-writes\n"
     + PRELUDE
@@ -51,8 +53,14 @@ VECTORS = (
 local sid = live_sid(nm(ARGV[2], ARGV[3]))
 if not sid then return {} end
 local out = {sid}
-for _, entry in ipairs(redis.call('LRANGE', P .. 'v:' .. sid, tonumber(ARGV[4]), -1)) do
-  out[#out + 1] = entry
+local entries = redis.call('LRANGE', P .. 'v:' .. sid, tonumber(ARGV[4]), -1)
+out[2] = tostring(#entries)
+for _, entry in ipairs(entries) do
+  -- An item pruned since (a deleted response's) takes its vector with it; the
+  -- entry stays so that cursors stay positions in the list.
+  if redis.call('HEXISTS', P .. 'i:' .. sid, string.match(entry, '^(%d+):')) == 1 then
+    out[#out + 1] = entry
+  end
 end
 return out
 """
@@ -105,5 +113,5 @@ class RedisVectorIndex:
         out = await script(args=[self._store.prefix, session.tenant, session.key, after])
         if not out:
             return StoredVectors(None, [], after)
-        rows = [parse(e) for e in out[1:]]
-        return StoredVectors(int(out[0]), rows, after + len(rows))
+        rows = [parse(e) for e in out[2:]]
+        return StoredVectors(int(out[0]), rows, after + int(out[1]))

@@ -163,18 +163,18 @@ class SqliteStore:
         return self._db
 
     def _write(
-        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True
+        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True, urgent: bool = False
     ) -> Awaitable[_T]:
-        return self._enqueue(job, inline=inline)
+        return self._enqueue(job, inline=inline, urgent=urgent)
 
     def _enqueue(
-        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True
+        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True, urgent: bool = False
     ) -> asyncio.Future[_T]:
         if self._writer is None:
             future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
             future.set_exception(RuntimeError("SqliteStore is not open"))
             return future
-        return self._writer.enqueue(job, inline=inline)
+        return self._writer.enqueue(job, inline=inline, urgent=urgent)
 
     async def record_exchange(
         self,
@@ -189,7 +189,8 @@ class SqliteStore:
         untouched, head and ``updated_at`` included; it returns the session id
         if the session exists and None otherwise.
         """
-        return await self.record_exchange_soon(session, conversation, reply, request)
+        # Awaited: a caller waits for the commit (history: server), no linger.
+        return await self._record(session, conversation, reply, request, urgent=True)
 
     def record_exchange_soon(
         self,
@@ -203,10 +204,22 @@ class SqliteStore:
         For the request path: no coroutine or task per exchange, only the
         job and its future.
         """
+        return self._record(session, conversation, reply, request, urgent=False)
+
+    def _record(
+        self,
+        session: SessionRef | None,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        request: RequestRecord,
+        *,
+        urgent: bool,
+    ) -> asyncio.Future[ExchangeResult | None]:
         conversation = list(conversation)
         if session is None or (not conversation and reply is None):
             return self._enqueue(
-                functools.partial(jobs.record, session, conversation, reply, request, None)
+                functools.partial(jobs.record, session, conversation, reply, request, None),
+                urgent=urgent,
             )
         content = [m.content_hash for m in conversation]
         if reply is not None:
@@ -214,7 +227,8 @@ class SqliteStore:
         # The session's resent prefix: path hashes and item ids from its last stored chain.
         prefix = self._chains.prefix(session, content)
         future = self._enqueue(
-            functools.partial(jobs.record, session, conversation, reply, request, prefix)
+            functools.partial(jobs.record, session, conversation, reply, request, prefix),
+            urgent=urgent,
         )
         future.add_done_callback(
             functools.partial(self._chain_committed, session, content, prefix.path_hashes)
@@ -326,7 +340,8 @@ class SqliteStore:
         job = functools.partial(
             jobs.record_response, session, list(conversation), list(output), response, request
         )
-        return await self._write(job)
+        # The client gets its answer after this commit: no linger.
+        return await self._write(job, urgent=True)
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
         rows = await self._fetch(_RESPONSE, (tenant, response_id))
@@ -349,7 +364,9 @@ class SqliteStore:
         return [_item(row) for row in await self._fetch(query, (tenant, response_id))]
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:
-        return await self._write(functools.partial(jobs.delete_response, tenant, response_id))
+        # A walk along the chain: on the writer's thread, not the loop.
+        job = functools.partial(jobs.delete_response, tenant, response_id)
+        return await self._write(job, inline=False)
 
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 

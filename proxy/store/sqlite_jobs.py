@@ -22,6 +22,7 @@ from proxy.store.base import (
     chain_path_hashes,
 )
 from proxy.store.chains import Prefix
+from proxy.store.pruning import chain_up_sql, exclusive_suffix, references_sql
 from proxy.store.rows import dumps, encoded_request
 from proxy.store.sqlite_search import index_items
 
@@ -250,8 +251,57 @@ def record_response(
     return ExchangeResult(session_id, item_ids, reply_id, new_messages)
 
 
+_CHAIN_UP = chain_up_sql("?")
+_REFERENCES = references_sql("?1", "?2", "?3")
+
+
 def delete_response(tenant: str, response_id: str, conn: sqlite3.Connection) -> bool:
-    cursor = conn.execute(
-        "DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id)
+    """The mapping and what only this response holds (proxy/store/pruning.py)."""
+    found = conn.execute(
+        "SELECT r.session_id, r.head_item_id, s.key, s.head_item_id FROM responses r"
+        " JOIN sessions s ON s.id = r.session_id WHERE r.tenant = ? AND r.id = ?",
+        (tenant, response_id),
+    ).fetchone()
+    if found is None:
+        return False
+    session_id, head, key, session_head = found
+    conn.execute("DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id))
+    conn.execute(
+        "DELETE FROM requests WHERE tenant = ? AND session_key = ?"
+        " AND json_extract(detail_json, '$.response_id') = ?",
+        (tenant, key, response_id),
     )
-    return cursor.rowcount > 0
+    names = {"sid": session_id, "tenant": tenant, "key": key}
+    references = {
+        row[0] for row in conn.execute(_REFERENCES, (session_id, tenant, key)) if row[0] is not None
+    }
+    if session_head is not None and session_head != head:
+        references.add(session_head)
+    chain = {row[0]: (row[1], row[2]) for row in conn.execute(_CHAIN_UP, (head,))}
+    gone = exclusive_suffix(
+        head if head in chain else None,
+        lambda i: chain[i][0],
+        lambda i: chain[i][1],
+        references,
+    )
+    for start in range(0, len(gone), CHUNK):
+        chunk = gone[start : start + CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        # The recall index's rows go by trigger (migration 5).
+        conn.execute(
+            f"DELETE FROM summaries WHERE session_id = ? AND covers_item_id IN ({marks})",
+            (session_id, *chunk),
+        )
+        conn.execute(f"DELETE FROM items WHERE id IN ({marks})", chunk)
+    if gone and session_head in gone:
+        survivor = chain[gone[-1]][0]
+        conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (survivor, session_id))
+    empty = conn.execute(
+        "SELECT NOT EXISTS (SELECT 1 FROM items WHERE session_id = :sid)"
+        " AND NOT EXISTS (SELECT 1 FROM responses WHERE session_id = :sid)"
+        " AND NOT EXISTS (SELECT 1 FROM requests WHERE tenant = :tenant AND session_key = :key)",
+        names,
+    ).fetchone()[0]
+    if empty:
+        conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    return True

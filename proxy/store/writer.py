@@ -75,6 +75,9 @@ class SqliteWriter:
         # The helper thread's connection: waits for locks, checkpoints.
         self._helper: sqlite3.Connection | None = None
         self._queue: list[tuple[Job, asyncio.Future[Any], bool]] = []
+        # Whether a queued job is one a client waits for (``enqueue(urgent=True)``).
+        self._urgent = False
+        self._last_size = 0
         self._task: asyncio.Task[None] | None = None
         self._last_batch = float("-inf")
         self._commits = 0
@@ -123,7 +126,7 @@ class SqliteWriter:
         self._executor.shutdown(wait=True)
 
     def enqueue(
-        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True
+        self, job: Callable[[sqlite3.Connection], _T], *, inline: bool = True, urgent: bool = False
     ) -> asyncio.Future[_T]:
         """Queue ``job``; the future gets its result once its transaction has committed.
 
@@ -132,7 +135,9 @@ class SqliteWriter:
         its exchange kept, and a job cut off midway would leave nothing
         consistent behind anyway). ``inline``: False for jobs that may take
         long (deleting whole sessions), which run on the helper thread; jobs
-        still run in the order queued.
+        still run in the order queued. ``urgent``: a client waits for this
+        commit before it gets its answer (``history: server``, Responses), so
+        the batch it joins does not linger for company.
         """
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
@@ -140,6 +145,8 @@ class SqliteWriter:
             future.set_exception(RuntimeError("SqliteStore is not open"))
             return future
         self._queue.append((job, future, inline))
+        if urgent:
+            self._urgent = True
         if self._task is None:
             self._task = loop.create_task(self._run())
         return future
@@ -154,14 +161,22 @@ class SqliteWriter:
             # One turn of the event loop first: requests finishing in the same
             # tick join this batch instead of paying for a transaction each.
             await asyncio.sleep(0)
-            if loop.time() - self._last_batch < _BUSY_S and len(self._queue) < _BATCH_TARGET:
+            if (
+                loop.time() - self._last_batch < _BUSY_S
+                and len(self._queue) < _BATCH_TARGET
+                and not (self._urgent and self._last_size == 1)
+            ):
                 # Busy (the previous batch began moments ago): linger briefly so
                 # several requests share one commit. An idle proxy's lone
-                # request is written at once.
+                # request is written at once, and so is one a client waits for
+                # when batches hold one job (requests one at a time, where the
+                # linger would be all the client's wait: 2 ms and more).
                 await asyncio.sleep(_LINGER_S)
             while self._queue:
+                self._urgent = False
                 self._last_batch = loop.time()
                 batch = self._take()
+                self._last_size = len(batch)
                 jobs = [job for job, _, _ in batch]
                 outcomes = self._commit(self._conn, jobs, fallback=True) if batch[0][2] else None
                 if outcomes is None:

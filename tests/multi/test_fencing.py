@@ -1,4 +1,8 @@
-"""A holder whose lease lapsed cannot write after the next holder began (real Redis + PostgreSQL)."""
+"""A holder whose lease lapsed cannot write after the next holder began.
+
+Real Redis locks in front of each shared store (PostgreSQL, Redis): the store
+learns each new holder's token when the lock is taken (``advance_fence``).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +13,31 @@ import pytest
 from redis.asyncio import Redis
 
 from proxy.coordination.redis import RedisCoordinator
+from proxy.store.base import FencedOut
 from proxy.store.postgres import PostgresStore
-from proxy.store.postgres_jobs import FencedOut
+from proxy.store.redis import RedisStore
 from tests.servers import RUN, require_postgres, require_redis
-from tests.stores import ALICE, ScratchPostgresStore, msg, req
+from tests.stores import ALICE, ScratchPostgresStore, ScratchRedisStore, msg, req
 
 U1, A1 = msg("user", "hi"), msg("assistant", "hello")
 
 
-@pytest.fixture
-async def stores() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    first = ScratchPostgresStore(require_postgres(), pool_size=2)
-    await first.open()
-    second = PostgresStore(require_postgres(), pool_size=2, schema=first.schema)
+Shared = PostgresStore | RedisStore
+
+
+@pytest.fixture(params=["postgres", "redis"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Shared, Shared]]:
+    """Two instances' stores over the same data."""
+    first: Shared
+    second: Shared
+    if request.param == "postgres":
+        first = ScratchPostgresStore(require_postgres(), pool_size=2)
+        await first.open()
+        second = PostgresStore(require_postgres(), pool_size=2, schema=first.schema)
+    else:
+        first = ScratchRedisStore(require_redis())
+        await first.open()
+        second = RedisStore(require_redis(), prefix=first.prefix)
     await second.open()
     yield first, second
     await second.close()
@@ -40,7 +56,7 @@ async def prefix() -> AsyncIterator[str]:
 
 
 async def test_a_stalled_holders_late_write_is_refused_whoever_writes_first(
-    stores: tuple[PostgresStore, PostgresStore], prefix: str
+    stores: tuple[Shared, Shared], prefix: str
 ) -> None:
     store_a, store_b = stores
     await store_a.record_exchange(ALICE, [U1], A1, req())

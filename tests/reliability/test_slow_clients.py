@@ -100,7 +100,9 @@ def test_a_stalled_body_gets_a_408_in_openai_shape(reliable_proxy):
         'content-length: 100\r\n\r\n{"model":'.encode()
     )
     sock.settimeout(10)
-    answer = sock.recv(65536)
+    answer = b""
+    while chunk := sock.recv(65536):  # headers and body may come in separate reads
+        answer += chunk
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     error = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]

@@ -483,6 +483,48 @@ def test_stored_response_is_retrieved_listed_and_deleted_from_the_store(upstream
     assert fake.received[-1].method == "GET"
 
 
+def test_deleting_a_response_deletes_only_what_no_other_response_holds(upstream, start, tmp_path):
+    fake, _ = upstream
+    proxy = start()
+    c = client(proxy, session="s")
+    one = c.responses.create(model="gpt-4o", input="one", store=False)
+    two = c.responses.create(model="gpt-4o", input="two", previous_response_id=one.id, store=False)
+    three = c.responses.create(
+        model="gpt-4o", input="three", previous_response_id=two.id, store=False
+    )
+
+    def stored_texts() -> list[str]:
+        rows = db(tmp_path, "SELECT message_json FROM items ORDER BY id")
+        return [t for r in rows for t in texts([orjson.loads(r["message_json"])])]
+
+    # two: a later response chains through its items, so only its id goes.
+    c.responses.delete(two.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(two.id)  # passed through now: the upstream never stored it
+    assert len(stored_texts()) == 6
+    c.responses.create(model="gpt-4o", input="four", previous_response_id=three.id, store=False)
+    assert texts(fake.last["input"])[:6] == [
+        "user:one", "assistant:echo: one", "user:two", "assistant:echo: two",
+        "user:three", "assistant:echo: three",
+    ]  # fmt: skip
+    four = db(tmp_path, "SELECT id FROM responses WHERE previous_response_id = ?", three.id)
+    c.responses.delete(four[0]["id"])
+
+    # three: nothing else reaches its items nor two's any more; one's stay.
+    c.responses.delete(three.id)
+    assert stored_texts() == ["user:one", "assistant:echo: one"]
+    assert [r["n"] for r in db(tmp_path, "SELECT count(*) AS n FROM items_fts")] == [2]
+    responses = db(tmp_path, "SELECT id FROM responses")
+    assert [r["id"] for r in responses] == [one.id]
+    details = [
+        orjson.loads(r["detail_json"]) for r in db(tmp_path, "SELECT detail_json FROM requests")
+    ]
+    assert [d["response_id"] for d in details] == [one.id]
+    # one still chains, from its own items.
+    c.responses.create(model="gpt-4o", input="five", previous_response_id=one.id, store=False)
+    assert texts(fake.last["input"]) == ["user:one", "assistant:echo: one", "user:five"]
+
+
 def test_responses_the_proxy_never_stored_are_passed_through(upstream, start):
     fake, server = upstream
     direct = httpx.post(

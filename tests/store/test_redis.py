@@ -306,3 +306,40 @@ async def test_names_with_separators_and_non_ascii_stay_apart_and_are_deleted_wh
     assert [s.key for s in await store.list_sessions(tenant=odd.tenant)] == [odd.key]
     assert await store.delete_idle_sessions(older_than=float("inf")) == 3
     assert await keys(store) == {"seq:s", "seq:i"}  # no summary: no summary counter
+
+
+async def session_state(store: RedisStore, sid: int) -> dict[str, Any]:
+    """The session's recall index and counters as Redis holds them."""
+    client = Redis.from_url(require_redis())
+    try:
+        index = await client.hgetall(f"{store.prefix}x:{sid}")
+        counters = await client.hmget(f"{store.prefix}s:{sid}", "n", "w", "xn", "xl", "h")
+        paths = await client.hlen(f"{store.prefix}p:{sid}")
+    finally:
+        await client.aclose()
+    return {"index": index, "counters": counters, "paths": paths}
+
+
+async def test_a_deleted_response_leaves_the_index_as_if_it_had_never_been(
+    open_store: Opener,
+) -> None:
+    def response(rid: str, previous: str | None = None) -> ResponseIn:
+        return ResponseIn(rid, {"id": rid}, "completed", "m", previous)
+
+    first_in = [msg("user", "my parcel goes to Lyon")]
+    first_out = [msg("assistant", "noted: Lyon")]
+    second_in = [*first_in, *first_out, msg("user", "and the invoice to Paris")]
+    second_out = [msg("assistant", "noted: Paris invoice")]
+    deleted, never = await open_store(), await open_store()
+    for store in (deleted, never):
+        await store.record_response(
+            ALICE, first_in, first_out, response("r1"), req(detail={"response_id": "r1"})
+        )
+    result = await deleted.record_response(
+        ALICE, second_in, second_out, response("r2", "r1"), req(detail={"response_id": "r2"})
+    )
+    assert await deleted.delete_response(ALICE.tenant, "r2")
+
+    assert await session_state(deleted, result.session_id) == await session_state(
+        never, result.session_id
+    )

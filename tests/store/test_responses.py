@@ -9,7 +9,16 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.store.base import MessageIn, RequestRecord, ResponseIn, SessionRef, Store, StoredItem
+from proxy.store.base import (
+    MessageIn,
+    RequestRecord,
+    ResponseIn,
+    SessionRef,
+    Store,
+    StoredItem,
+    SummaryIn,
+)
+from proxy.store.search_backends import recall_index_for
 from tests.stores import ALICE
 from tests.stores import req as store_req
 
@@ -124,15 +133,151 @@ async def test_another_tenant_can_neither_read_chain_nor_delete_a_response(store
     assert not await store.response_exists("resp_unknown")
 
 
-async def test_deleting_a_response_forgets_the_id_and_keeps_the_items(store: Store) -> None:
-    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+async def test_deleting_the_only_response_leaves_nothing_of_it(store: Store) -> None:
+    record = req(detail={"response_id": "resp_1"})
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), record)
+    await store.save_summary(ALICE, FIRST_IN, SummaryIn(text="a developer said hi"))
 
     assert await store.delete_response(ALICE.tenant, "resp_1")
     assert not await store.delete_response(ALICE.tenant, "resp_1")
     assert await store.get_response(ALICE.tenant, "resp_1") is None
     assert await store.response_chain(ALICE.tenant, "resp_1") == []
     assert not await store.response_exists("resp_1")
+    # Its items, its request row, the summary of its items, the recall index
+    # entries, and the session it alone filled.
+    assert await store.history(ALICE) == []
+    assert await store.request(record.id) is None
+    assert await store.summaries(ALICE) == []
+    assert await store.get_session(ALICE) is None
+    assert await search(store, "hello") == []
+
+
+async def chained(store: Store) -> tuple[RequestRecord, RequestRecord]:
+    """resp_1, then resp_2 continuing it; their request rows."""
+    first, second = req(detail={"response_id": "resp_1"}), req(detail={"response_id": "resp_2"})
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), first)
+    await store.record_response(ALICE, SECOND_IN, SECOND_OUT, resp("resp_2", "resp_1"), second)
+    return first, second
+
+
+SECOND_IN = [*FIRST_IN, *FIRST_OUT, user("and you?")]
+SECOND_OUT = [said("fine, thanks", 2)]
+
+
+async def test_deleting_the_last_response_keeps_the_chain_it_continued(store: Store) -> None:
+    first, second = await chained(store)
+    await store.save_summary(ALICE, FIRST_IN, SummaryIn(text="kept"))
+    await store.save_summary(ALICE, SECOND_IN, SummaryIn(text="goes"))
+
+    assert await store.delete_response(ALICE.tenant, "resp_2")
+    assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(FIRST_IN + FIRST_OUT)
+    # The session's head moves back to the last item that stays.
     assert raw(await store.history(ALICE)) == raw(FIRST_IN + FIRST_OUT)
+    info = await store.get_session(ALICE)
+    assert info is not None and (info.item_count, info.stored_tokens) == (3, 6)
+    assert [r["id"] for r in await store.requests(ALICE)] == [first.id]
+    assert await store.request(second.id) is None
+    assert [s.text for s in await store.summaries(ALICE)] == ["kept"]
+    assert await search(store, "thanks") == []
+    assert len(await search(store, "hello")) == 1
+    # The chain grows again from there, through the same items.
+    again = await store.record_response(
+        ALICE, SECOND_IN, [said("great", 3)], resp("resp_3", "resp_1"), req()
+    )
+    chain = await store.response_chain(ALICE.tenant, "resp_3")
+    assert raw(chain) == raw([*SECOND_IN, said("great", 3)])
+    assert [c.parent_id for c in chain[1:]] == [c.id for c in chain[:-1]]
+    assert again.new_messages == 1
+
+
+async def test_a_response_recorded_again_after_its_deletion_is_stored_whole(store: Store) -> None:
+    # The same content as the deleted one: no cached id of a deleted item is reused.
+    await chained(store)
+    assert await store.delete_response(ALICE.tenant, "resp_2")
+    again = await store.record_response(ALICE, SECOND_IN, SECOND_OUT, resp("resp_2b"), req())
+
+    chain = await store.response_chain(ALICE.tenant, "resp_2b")
+    assert raw(chain) == raw(SECOND_IN + SECOND_OUT)
+    assert [c.parent_id for c in chain[1:]] == [c.id for c in chain[:-1]]
+    assert [c.id for c in chain[:-1]] == again.item_ids
+    assert raw(await store.history(ALICE)) == raw(SECOND_IN + SECOND_OUT)
+    info = await store.get_session(ALICE)
+    assert info is not None and info.item_count == 5
+    assert len(await search(store, "thanks")) == 1
+
+
+async def test_deleting_an_earlier_response_keeps_what_a_later_one_chains_through(
+    store: Store,
+) -> None:
+    _, second = await chained(store)
+
+    assert await store.delete_response(ALICE.tenant, "resp_1")
+    assert await store.get_response(ALICE.tenant, "resp_1") is None
+    assert raw(await store.response_chain(ALICE.tenant, "resp_2")) == raw(SECOND_IN + SECOND_OUT)
+    assert raw(await store.response_input_items(ALICE.tenant, "resp_2")) == raw(SECOND_IN)
+    info = await store.get_session(ALICE)
+    assert info is not None and info.item_count == 5
+    assert [r["id"] for r in await store.requests(ALICE)] == [second.id]
+    assert len(await search(store, "hello")) == 1
+
+
+async def test_deleting_one_branch_of_a_fork_keeps_the_other(store: Store) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), own("resp_1"))
+    base = [*FIRST_IN, *FIRST_OUT]
+    await store.record_response(
+        ALICE, [*base, user("a")], [said("A", 2)], resp("resp_a"), own("resp_a")
+    )
+    await store.record_response(
+        ALICE, [*base, user("b")], [said("B", 3)], resp("resp_b"), own("resp_b")
+    )
+
+    assert await store.delete_response(ALICE.tenant, "resp_b")
+    assert raw(await store.response_chain(ALICE.tenant, "resp_a")) == raw(
+        [*base, user("a"), said("A", 2)]
+    )
+    info = await store.get_session(ALICE)
+    assert info is not None and info.item_count == 5
+    # resp_1 now ends where a branch hangs: deleting it deletes no item.
+    assert await store.delete_response(ALICE.tenant, "resp_1")
+    info = await store.get_session(ALICE)
+    assert info is not None and info.item_count == 5
+
+
+async def test_items_a_chat_request_ends_at_stay(store: Store) -> None:
+    # A history: server chat turn in the same session, ending at the response's reply.
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), own("resp_1"))
+    chat = store_req(ALICE.tenant)
+    await store.record_exchange(ALICE, FIRST_IN, FIRST_OUT[0], chat)
+
+    assert await store.delete_response(ALICE.tenant, "resp_1")
+    assert raw(await store.history(ALICE)) == raw(FIRST_IN + FIRST_OUT)
+    assert await store.request(chat.id) is not None
+    info = await store.get_session(ALICE)
+    assert info is not None and info.item_count == 3
+
+
+async def test_items_of_a_chat_turn_after_the_response_stay(store: Store) -> None:
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), own("resp_1"))
+    later = [*FIRST_IN, *FIRST_OUT, user("more")]
+    await store.record_exchange(ALICE, later, msg_item("sure"), store_req(ALICE.tenant))
+
+    assert await store.delete_response(ALICE.tenant, "resp_1")
+    assert raw(await store.history(ALICE)) == raw([*later, msg_item("sure")])
+
+
+def own(response_id: str) -> RequestRecord:
+    """The response's own request row (the pipeline names the response in its detail)."""
+    return req(detail={"response_id": response_id})
+
+
+def msg_item(text: str) -> MessageIn:
+    return item({"role": "assistant", "content": text})
+
+
+async def search(store: Store, word: str) -> list[int]:
+    index = recall_index_for(store)
+    assert index is not None
+    return [hit.item_id for hit in await index.search(ALICE, [word], limit=10)]
 
 
 @pytest.mark.parametrize("how", ["delete_session", "expire"])

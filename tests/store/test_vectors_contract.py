@@ -124,3 +124,18 @@ async def test_vectors_of_a_later_exchange_follow_the_cursor(store: Store):
     await idx.put_vectors(ALICE, vectors(second, longer, start=2))
     later = await idx.vectors(ALICE, after=seen.cursor)
     assert [r.position for r in later.rows] == [2, 3]
+
+
+async def test_items_pruned_with_a_deleted_response_take_their_vectors(store: Store):
+    from tests.store.test_responses import chained
+
+    await chained(store)
+    items = await store.history(ALICE)
+    idx = index(store)
+    await idx.put_vectors(
+        ALICE, [ItemVector(it.id, i, it.content_hash, b"\x00\x3c") for i, it in enumerate(items)]
+    )
+    assert await store.delete_response(ALICE.tenant, "resp_2")
+    kept = [it.id for it in await store.history(ALICE)]
+    assert 0 < len(kept) < len(items)
+    assert [r.item_id for r in (await idx.vectors(ALICE)).rows] == kept

@@ -136,3 +136,30 @@ async def test_a_write_to_a_closed_writer_fails_its_future_without_raising(db_pa
     future = w.enqueue(insert_session("x"))
     with pytest.raises(RuntimeError, match="not open"):
         await future
+
+
+async def test_a_lone_write_a_client_waits_for_does_not_linger_for_company(
+    writer, db_path, monkeypatch
+):
+    lingered: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recording(delay: float) -> None:
+        if delay:
+            lingered.append(delay)
+        await sleep(delay)
+
+    monkeypatch.setattr(writer_module.asyncio, "sleep", recording)
+    monkeypatch.setattr(writer_module, "_BUSY_S", 60.0)  # every batch counts as "moments ago"
+    await writer.enqueue(insert_session("a"))
+    # Right after a batch: a write nobody waits for lingers (group commit under load)...
+    await writer.enqueue(insert_session("b"))
+    assert lingered == [writer_module._LINGER_S]
+    # ...one a client waits for, requests coming one at a time, does not.
+    await writer.enqueue(insert_session("c"), urgent=True)
+    assert lingered == [writer_module._LINGER_S]
+    # Several at once (batches of more than one): it lingers again, for them all.
+    await asyncio.gather(*(writer.enqueue(insert_session(k)) for k in "de"))
+    await writer.enqueue(insert_session("f"), urgent=True)
+    assert lingered == [writer_module._LINGER_S] * 3
+    assert keys(db_path) == list("abcdef")
