@@ -263,6 +263,10 @@ class SqliteStore:
         """One read on the store's connection (the recall index's queries)."""
         return await self._fetch(query, params)
 
+    async def write(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """One job on the store's writer, in its own savepoint (the vector index's writes)."""
+        return await self._write(job)
+
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         """The chain, from this instance's cache when the session's head says it is current."""
         items = await self._histories.history(self._fetch, session)
