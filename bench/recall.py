@@ -17,11 +17,12 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick] [--only retention,modes,latency,pg-latency,storage]
+    python bench/recall.py [--quick] [--only retention,modes,latency,pg-latency,storage,embeddings]
 
 ``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
 default the test server ``postgresql://postgres@127.0.0.1:5432/test``, in a
-schema of its own, dropped after).
+schema of its own, dropped after). ``embeddings``: semantic recall's rows,
+fusion-weight sweep and cost (bench/recall_embeddings.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import recall_embeddings
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -433,7 +435,7 @@ async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]
 
 def sections() -> set[str]:
     """The sections to run (``--only a,b``; all by default)."""
-    every = {"retention", "modes", "latency", "pg-latency", "storage"}
+    every = {"retention", "modes", "latency", "pg-latency", "storage", "embeddings"}
     if "--only" in sys.argv:
         chosen = set(sys.argv[sys.argv.index("--only") + 1].split(","))
         unknown = chosen - every
@@ -475,6 +477,16 @@ async def main() -> None:
             print_retention(mode_rows, len(asked), "mode, share")
         if "latency" in only:
             lat = await latency(store, conversations, questions, rounds)
+        if "embeddings" in only:
+            me = sys.modules[__name__]
+            stored = [[message_in(m) for m in c] for c in conversations]
+            rows = await recall_embeddings.sweep(me, store, stored, asked)
+            print_retention(rows, len(asked), "embeddings, weight")
+            recall_embeddings.print_latency(
+                await recall_embeddings.latency(
+                    me, store, conversations, questions, rounds
+                )
+            )
     finally:
         await store.close()
     if lat:

@@ -180,6 +180,20 @@ LOGGING = obj(
     },
 )
 
+CACHE = obj(
+    "The in-memory caches (per-session messages, chains, histories, token counts): one budget.",
+    {
+        "max_bytes": {
+            "description": "What all of them may hold, estimated: bytes, or a size like"
+            " 256MiB or 1GB (default 256MiB; at least 1MiB).",
+            "anyOf": [
+                {"type": "integer", "minimum": 2**20},
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([KkMmGg][Ii]?[Bb]|[Bb])?\s*$"},
+            ],
+        },
+    },
+)
+
 UPSTREAM = obj(
     "An OpenAI-compatible API (base_url) or any provider litellm translates (litellm_model).",
     {
@@ -284,8 +298,16 @@ RECALL = obj(
         ),
         "share": number("Or this share of the policy's budget (default 0.3).", 0.9),
         "neighbors": integer("Messages before and after each hit brought with it.", 0, 5),
-        "embeddings": choice("Lexical search (the only one built so far).", "none"),
-        "candidates": integer("Hits the index is asked for.", 1, 500),
+        "embeddings": choice(
+            "none: lexical search; wordllama: lexical and semantic (a bundled model), fused.",
+            "none",
+            "wordllama",
+        ),
+        "candidates": integer("Hits the index is asked for (and nearest vectors).", 1, 500),
+        "semantic_weight": {
+            "description": "The semantic share of the fused score (needs embeddings: wordllama).",
+            "anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"$ref": "#/$defs/env"}],
+        },
     },
 )
 
@@ -376,6 +398,7 @@ def config_schema() -> Schema:
                 },
                 "logging": LOGGING,
                 "admin": ADMIN,
+                "cache": CACHE,
             },
             required=["upstreams", "routes"],
         ),
