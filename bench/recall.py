@@ -483,9 +483,7 @@ async def main() -> None:
             rows = await recall_embeddings.sweep(me, store, stored, asked)
             print_retention(rows, len(asked), "embeddings, weight")
             recall_embeddings.print_latency(
-                await recall_embeddings.latency(
-                    me, store, conversations, questions, rounds
-                )
+                await recall_embeddings.latency(me, store, conversations, questions, rounds)
             )
     finally:
         await store.close()
