@@ -1,13 +1,15 @@
 """The SQLite recall index: FTS5 (``porter unicode61``) for matching, BM25 in Python.
 
-The table (``items_fts``, migration 5) holds each item's searchable text in
-``body``, a token naming its session in ``scope`` (``s<session id>``), and
-its chain position in ``pos``. FTS5 finds the session's items that hold a
-term (``scope AND body : term``: the two doclists merged with skips), but
-its ``bm25()`` walks every phrase's whole doclist once per query for its
-statistics, the session's ``scope`` one included (most of a query's time
-at 5,000 stored turns), and reading ``pos`` loads each row's whole text.
-So a search is:
+The table (``items_fts``, migration 5) indexes each item's searchable text
+(``body``), a token naming its session in ``scope`` (``s<session id>``), and
+its chain position in ``pos``. Since migration 7 it keeps no copy of them:
+it is an external-content table over the view ``items_fts_source``, which
+computes them from ``items`` (the text from ``message_json``, in SQL), so
+positions are read from ``items.pos``, never through the view. FTS5 finds
+the session's items that hold a term (``scope AND body : term``: the two
+doclists merged with skips), but its ``bm25()`` walks every phrase's whole
+doclist once per query for its statistics, the session's ``scope`` one
+included (most of a query's time at 5,000 stored turns). So a search is:
 
 1. one statement: the session's id, the items and tokens added to its
    index since this process last counted them (rowids only grow:
@@ -42,9 +44,13 @@ from typing import Any
 
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
-from proxy.store.search_text import search_text
 
-_INSERT = "INSERT INTO items_fts (rowid, scope, body, pos) VALUES (?, ?, ?, ?)"
+# Items with no searchable text are not indexed (as migration 5 left them out).
+_INDEX = """
+    INSERT INTO items_fts (rowid, scope, body, pos)
+    SELECT id, scope, body, pos FROM items_fts_source WHERE id IN ({marks}) AND body != ''
+"""
+_CHUNK = 500
 
 # A term in more of the session's items than this (and than COMMON_MIN) is
 # left out when rarer terms are there: its BM25 weight is near nothing, but
@@ -93,9 +99,8 @@ def _detail_sql(rows: int) -> str:
     """Statement 3: position, token count and content hash of the candidates (rowids)."""
     marks = ", ".join("?" for _ in range(rows))
     return f"""
-    SELECT i.id, i.session_id, f.pos, i.token_count, i.content_hash
-    FROM items i CROSS JOIN items_fts f ON f.rowid = i.id
-    WHERE i.id IN ({marks})
+    SELECT id, session_id, pos, token_count, content_hash
+    FROM items WHERE id IN ({marks})
     """
 
 
@@ -136,18 +141,16 @@ DETAILS = 50_000
 _NO_LIMIT = 1 << 62
 
 
-def index_items(
-    conn: sqlite3.Connection, session_id: int, items: Sequence[tuple[int, int, Any]]
-) -> None:
-    """Index newly stored items in the transaction storing them: (item id, position, message)."""
-    scope = f"s{session_id}"
-    rows = []
-    for item_id, position, message in items:
-        text = search_text(message)
-        if text:
-            rows.append((item_id, scope, text, position))
-    if rows:
-        conn.executemany(_INSERT, rows)
+def index_items(conn: sqlite3.Connection, item_ids: Sequence[int]) -> None:
+    """Index newly stored items in the transaction storing them.
+
+    Their text comes from the view the index reads (migration 7), so the
+    delete trigger later removes exactly what was indexed here.
+    """
+    for start in range(0, len(item_ids), _CHUNK):
+        chunk = item_ids[start : start + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        conn.execute(_INDEX.format(marks=marks), tuple(chunk))
 
 
 def _quote(term: str) -> str:
