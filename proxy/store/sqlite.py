@@ -35,6 +35,7 @@ from proxy.store.base import (
 from proxy.store.chains import ChainCache
 from proxy.store.migrations import MIGRATIONS, migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
+from proxy.store.summary_memo import SummaryMemo
 from proxy.store.writer import SqliteWriter
 
 _T = TypeVar("_T")
@@ -94,6 +95,7 @@ class SqliteStore:
     def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
         self.path = Path(path)
         self._chains = ChainCache()
+        self._summaries = SummaryMemo()
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: aiosqlite.Connection | None = None
         self._writer: SqliteWriter | None = None
@@ -305,7 +307,10 @@ class SqliteStore:
         requests = "DELETE FROM requests WHERE tenant = ? AND session_key = ?"
         sessions = "DELETE FROM sessions WHERE tenant = ? AND key = ? RETURNING id"
         self._chains.forget(session)
-        return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
+        try:
+            return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
+        finally:
+            self._summaries.changed()
 
     async def delete_idle_sessions(self, older_than: float) -> int:
         # Requests made before their session existed have no session id for
@@ -315,7 +320,10 @@ class SqliteStore:
             " (SELECT tenant, key FROM sessions WHERE updated_at < ?)"
         )
         sessions = "DELETE FROM sessions WHERE updated_at < ? RETURNING id"
-        return len(await self._delete(requests, sessions, (older_than,)))
+        try:
+            return len(await self._delete(requests, sessions, (older_than,)))
+        finally:
+            self._summaries.changed()
 
     async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
         # Whole sessions (maybe thousands of rows): on the writer's thread, not the loop.
@@ -362,7 +370,10 @@ class SqliteStore:
     async def delete_response(self, tenant: str, response_id: str) -> bool:
         # A walk along the chain: on the writer's thread, not the loop.
         job = functools.partial(jobs.delete_response, tenant, response_id)
-        return await self._write(job, inline=False)
+        try:
+            return await self._write(job, inline=False)
+        finally:
+            self._summaries.changed()
 
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 
@@ -373,7 +384,10 @@ class SqliteStore:
         job = functools.partial(
             sqlite_summaries.save_summary_job, jobs.store_chain, session, list(covered), summary
         )
-        return await self._write(job)
+        try:
+            return await self._write(job)
+        finally:
+            self._summaries.changed(session)
 
     async def summaries(self, session: SessionRef) -> list[StoredSummary]:
         rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))
@@ -382,13 +396,14 @@ class SqliteStore:
     async def summaries_for(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
     ) -> list[StoredSummary]:
-        covers = await self._fetch(sqlite_summaries.SESSION_COVERS, (session.tenant, session.key))
-        ids = sqlite_summaries.covering([(row[0], row[1]) for row in covers], path_hashes, limit)
-        if not ids:
+        # Memoized per session (proxy/store/summary_memo.py): no read while nothing changed.
+        found = await self._summaries.summaries(session, lambda: self.summaries(session))
+        if not found:
             return []
-        marks = ", ".join("?" * len(ids))
-        rows = await self._fetch(f"SELECT * FROM summaries WHERE id IN ({marks})", tuple(ids))
-        by_id = {row["id"]: summary_from_row(row) for row in rows}
+        ids = sqlite_summaries.covering(
+            [(s.id, s.covers_path_hash) for s in found], path_hashes, limit
+        )
+        by_id = {s.id: s for s in found}
         return [by_id[i] for i in ids]
 
 
