@@ -17,7 +17,10 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick]
+    python bench/recall.py [--quick] [--only retention,modes,latency,storage,embeddings]
+
+``embeddings``: semantic recall's rows, fusion-weight sweep and cost
+(bench/recall_embeddings.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import recall_embeddings
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -135,7 +139,7 @@ def retained(decision: Decision, spans: tuple[tuple[int, int], ...], evidence: l
     return all(i in kept or any(s <= i < e for s, e in spans) for i in evidence)
 
 
-MODE_SHARES = (0.0, 0.2, 0.3, 0.4)
+MODE_SHARES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 
 
 def mode_decision(
@@ -206,8 +210,6 @@ async def retention(
 ) -> dict[str, dict[int, Tally]]:
     service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
     stored = [[message_in(m) for m in c] for c in conversations]
-    for k, conv in enumerate(stored):
-        await store.record_exchange(SessionRef("bench", f"conv-{k}"), conv, None, record(f"c{k}"))
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
         ask = message_in({"role": "user", "content": q.text})
@@ -389,47 +391,86 @@ def _no_index(conn: Any, session_id: int, items: Any) -> None:
     return None
 
 
+async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]]) -> None:
+    for k, conv in enumerate(conversations):
+        stored = [message_in(m) for m in conv]
+        await store.record_exchange(SessionRef("bench", f"conv-{k}"), stored, None, record(f"c{k}"))
+
+
+def sections() -> set[str]:
+    """The sections to run (``--only a,b``; all by default)."""
+    every = {"retention", "modes", "latency", "storage", "embeddings"}
+    if "--only" in sys.argv:
+        chosen = set(sys.argv[sys.argv.index("--only") + 1].split(","))
+        unknown = chosen - every
+        if unknown:
+            raise SystemExit(f"unknown sections: {', '.join(sorted(unknown))}")
+        return chosen
+    return every
+
+
 async def main() -> None:
     quick = "--quick" in sys.argv
+    only = sections()
     if not DATA.exists():
         print(f"skipped: {DATA} not found (the shared LoCoMo data)")
         return
     conversations, questions = load()
+    asked = questions[:200] if quick else questions
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
     store = SqliteStore(directory / "bench.db")
     await store.open()
+    lat: list[tuple[int, float, float, float, float, float]] = []
     try:
-        started = time.perf_counter()
-        rows = await retention(store, conversations, questions[:200] if quick else questions)
-        print_retention(rows, len(questions[:200] if quick else questions))
-        print(f"({time.perf_counter() - started:.1f} s)")
-        over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
-        slack = [told - exact for exact, told in BLOCK_COUNTS]
-        print(
-            f"recall blocks: {len(BLOCK_COUNTS)}, reported count below the exact one in "
-            f"{len(over)} (by at most {max(over, default=0)}), above by "
-            f"{statistics.mean(slack):.1f} tokens on average"
-        )
-        mode_rows = await modes(store, conversations, questions[:200] if quick else questions)
-        print_retention(mode_rows, len(questions[:200] if quick else questions), "mode, share")
-        lat = await latency(store, conversations, questions, 100 if quick else 500)
+        await store_all(store, conversations)
+        if "retention" in only:
+            started = time.perf_counter()
+            rows = await retention(store, conversations, asked)
+            print_retention(rows, len(asked))
+            print(f"({time.perf_counter() - started:.1f} s)")
+            over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
+            slack = [told - exact for exact, told in BLOCK_COUNTS]
+            print(
+                f"recall blocks: {len(BLOCK_COUNTS)}, reported count below the exact one in "
+                f"{len(over)} (by at most {max(over, default=0)}), above by "
+                f"{statistics.mean(slack or [0]):.1f} tokens on average"
+            )
+        if "modes" in only:
+            mode_rows = await modes(store, conversations, asked)
+            print_retention(mode_rows, len(asked), "mode, share")
+        if "latency" in only:
+            lat = await latency(store, conversations, questions, 100 if quick else 500)
+        if "embeddings" in only:
+            me = sys.modules[__name__]
+            stored = [[message_in(m) for m in c] for c in conversations]
+            rows = await recall_embeddings.sweep(me, store, stored, asked)
+            print_retention(rows, len(asked), "embeddings, weight")
+            recall_embeddings.print_latency(
+                await recall_embeddings.latency(
+                    me, store, conversations, questions, 100 if quick else 500
+                )
+            )
     finally:
         await store.close()
-    print("\n== time the recall step adds per request (share 0.7 of a 4000-token trim budget)")
-    print(
-        f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
-    )
-    for turns, p50, p99, mean, c50, c99 in lat:
-        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
-    print(
-        f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
-    )
-    cost = await storage(conversations, 400 if quick else 2000)
-    n = cost.pop("messages")
-    print(f"\n== storing an exchange (user + reply), {n // 2} exchanges each, interleaved rounds")
-    print(f"{'':12} {'p50 ms':>8} {'mean ms':>8} {'file bytes/msg':>15}")
-    for name, (p50, mean, size) in cost.items():
-        print(f"{name:12} {p50:8.3f} {mean:8.3f} {size / n:15.0f}")
+    if lat:
+        print("\n== time the recall step adds per request (share 0.7 of a 4000-token trim budget)")
+        print(
+            f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
+        )
+        for turns, p50, p99, mean, c50, c99 in lat:
+            print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
+        print(
+            f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+        )
+    if "storage" in only:
+        cost = await storage(conversations, 400 if quick else 2000)
+        n = cost.pop("messages")
+        print(
+            f"\n== storing an exchange (user + reply), {n // 2} exchanges each, interleaved rounds"
+        )
+        print(f"{'':12} {'p50 ms':>8} {'mean ms':>8} {'file bytes/msg':>15}")
+        for name, (p50, mean, size) in cost.items():
+            print(f"{name:12} {p50:8.3f} {mean:8.3f} {size / n:15.0f}")
 
 
 if __name__ == "__main__":

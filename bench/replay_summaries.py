@@ -27,6 +27,7 @@ from typing import Any
 
 from policies.apply import apply
 from policies.modes import BALANCED, CONCISE, FULL
+from policies.recall import Hit, recall, recall_budget, reserve
 from policies.summarize import limit_of
 from policies.transcript import message_text
 from policies.types import (
@@ -38,6 +39,7 @@ from policies.types import (
     PolicySpec,
     SummarizeSpec,
 )
+from policies.units import find_orphans
 from proxy.context.offline_summaries import OfflineSummaries
 from proxy.context.summarizer import DEFAULT_PROMPT, SummaryOutput, SummaryRequest, request_messages
 from proxy.context.tokens import TiktokenCounter
@@ -129,6 +131,11 @@ class SumStats(TokenStats):
     summarizer_out: int = 0
     # The last request's forwarded messages, per conversation.
     final: list[list[Message]] = field(default_factory=list)
+    # With the policy's recall on top (every dropped message a hit: the worst
+    # case for pairing): requests with a recall block, and forwarded lists with
+    # an unpaired tool call or result.
+    recalled: int = 0
+    invalid: int = 0
 
 
 def replay_summarize(
@@ -158,6 +165,8 @@ def replay_summarize(
             stats.full.append(decision.tokens_before)
             stats.sent.append(decision.tokens_after)
             last = decision
+            if spec.recall is not None:
+                recall_on_top(stats, spec, request, decision, counter, budget)
             if k + 1 < len(sent):
                 # After the answer: the history up to the next user message.
                 summaries.prepare(sent[k + 1][:-1])
@@ -169,6 +178,24 @@ def replay_summarize(
             stats.last_sent.append(last.tokens_after)
             stats.final.append(last.messages)
     return stats
+
+
+def recall_on_top(
+    stats: SumStats,
+    spec: SummarizeSpec,
+    request: list[Message],
+    decision: Decision,
+    counter: TiktokenCounter,
+    budget: Budget,
+) -> None:
+    """The policy's recall over ``decision``: every dropped message a hit (scores arbitrary)."""
+    assert spec.recall is not None
+    held = reserve(spec.recall, budget.limit)
+    room = recall_budget(Budget(budget.limit, budget.fixed, spare=held), decision)
+    hits = [Hit(i, float((i * 7919) % 97)) for i in decision.dropped]
+    out, got = recall(request, decision, hits, counter.count_message, room)
+    stats.recalled += got.position is not None
+    stats.invalid += bool(find_orphans(out.messages))
 
 
 def final_forwarded(
@@ -219,6 +246,13 @@ def print_summarize_table(name: str, rows: list[tuple[str, SumStats]]) -> None:
             f"{token_columns(label, 30, s)} {s.calls * per:6.1f} {s.waits * per:6.1f} "
             f"{s.summarizer_in * per:7.0f} {s.summarizer_out * per:7.0f}"
         )
+    for label, s in rows:
+        if s.recalled or s.invalid:
+            print(
+                f"{label}: recall on top (every dropped message a hit, the worst case for "
+                f"pairing): {s.recalled} requests with a recall block, {s.invalid} invalid "
+                "sequences (an unpaired tool call or result)"
+            )
     print(
         "calls, waits (requests that needed a summary not prepared ahead) and the tokens an "
         "LLM summarizer\nwould be sent (in) and write (out) are per 100 turns; "

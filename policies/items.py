@@ -28,6 +28,10 @@ and reasons); only the layout differs:
   ``tool_output_max_tokens`` are clipped like chat tool results (head and
   tail kept), when their output is a string.
 
+Recall (policies/recall.py) takes back the same units: :class:`ItemShape`
+says where they are (a call with its output, reasoning with its item) and
+quotes each item as text.
+
 A summarize policy is not applied to items (yet): its budget and turn trigger
 trim them instead, and the decision says so (``extra["fallback"]``).
 
@@ -36,12 +40,14 @@ Pure: no I/O, no imports from ``proxy``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate
 from typing import Any
 
 from policies.apply import passthrough
+from policies.transcript import message_text
 from policies.trim import Layout, clip_tool_result, trim_units
 from policies.types import (
     Budget,
@@ -213,3 +219,77 @@ def summarize_fallback(spec: SummarizeSpec) -> TrimSpec:
         low_water=spec.low_water,
         tool_output_max_tokens=spec.tool_output_max_tokens,
     )
+
+
+class ItemShape:
+    """Items' units for recall (:class:`policies.recall.Shape`): the spans trimming keeps whole.
+
+    Items that must stay together (a call and its output, an approval and its
+    response, a reasoning run and the item after it) are one unit, with
+    everything between them; any other item is a unit alone; system and
+    developer messages and compaction items are pinned (always forwarded).
+    Built once per request from the list (as the policy's layout is).
+    """
+
+    def __init__(self, items: Sequence[Message]) -> None:
+        self.items = items
+        kinds = [kind_of(item) for item in items]
+        self._kinds = kinds
+        self._pinned = [
+            role_of(item) in PINNED_ROLES or kind in PINNED_TYPES
+            for item, kind in zip(items, kinds, strict=True)
+        ]
+        # Each item's unit: overlapping must-stay-whole spans merged.
+        self._unit = [(i, i + 1) for i in range(len(items))]
+        merged: list[list[int]] = []
+        for first, last in sorted(_spans(items, kinds)):
+            if merged and first <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        for first, last in merged:
+            for i in range(first, last + 1):
+                self._unit[i] = (first, last + 1)
+
+    def pinned(self, i: int) -> bool:
+        return self._pinned[i]
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        return self._unit[i]
+
+    def quoted(self, i: int) -> dict[str, object]:
+        item = self.items[i]
+        kind = self._kinds[i]
+        quoted: dict[str, object] = {"role": role_of(item) or kind}
+        call_id = item.get("call_id")
+        if isinstance(call_id, str):
+            quoted["call_id"] = call_id
+        quoted["text"] = item_text(item, kind)
+        return quoted
+
+
+def item_text(item: Message, kind: str | None = None) -> str:
+    """What an item says as plain text: a message's text, a call's name and
+    arguments, an output, a reasoning summary; other items their fields as JSON."""
+    kind = kind_of(item) if kind is None else kind
+    if kind == "message":
+        return message_text(item)
+    if kind in ("function_call", "custom_tool_call"):
+        arguments = item.get("arguments") if kind == "function_call" else item.get("input")
+        return f"{item.get('name') or '?'}({arguments if isinstance(arguments, str) else ''})"
+    if kind.endswith("_output") and "output" in item:
+        output = item["output"]
+        if isinstance(output, str):
+            return output
+        return message_text({"content": output}) if isinstance(output, list) else str(output)
+    if kind == "reasoning":
+        parts = [*_texts(item.get("summary")), *_texts(item.get("content"))]
+        return "\n".join(parts)
+    shown = {k: v for k, v in item.items() if k not in ("id", "status", "encrypted_content")}
+    return json.dumps(shown, ensure_ascii=False, default=str)
+
+
+def _texts(parts: object) -> list[str]:
+    if not isinstance(parts, list):
+        return []
+    return [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]

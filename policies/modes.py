@@ -10,10 +10,13 @@ Following the context-mode design, each mode is a budget and a share of it:
   then the middle is summarized (the first turn, the task statement, stays
   verbatim with the newest turns that fit).
 
-The modes have no recall yet (policies/recall.py): on LoCoMo a share of 0.3
-/ 0.3 / 0.2 of their budgets keeps 61% / 71% / 85% of the evidence
-(bench/recall.py), but recall on top of a summary can forward more than the
-conversation itself, so it waits until the budget accounts for that.
+Each mode also recalls (policies/recall.py): a share of its budget brings
+back the evicted turns the newest message needs, verbatim. The shares are
+the knees measured on LoCoMo (bench/recall.py's modes section; README
+"Recall"): past them another tenth of the budget buys little more evidence
+and takes it from the verbatim turns. A conversation that fits a mode's
+whole budget keeps all of it (the reserve is only taken once the policy
+has to drop something: ``Budget.spare``).
 
 A route may let the request choose (the ``X-Context-Mode`` header) and may
 switch by rules on the latest user message (a regex for order numbers or
@@ -30,7 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.transcript import message_text
-from policies.types import Message, SummarizerSpec, SummarizeSpec
+from policies.types import Message, RecallSpec, SummarizerSpec, SummarizeSpec
+
+# The recall share of each mode's budget (bench/recall.py, modes section).
+CONCISE_RECALL = 0.3
+BALANCED_RECALL = 0.3
+FULL_RECALL = 0.1
 
 CONCISE = SummarizeSpec(
     trigger_turns=5,
@@ -39,6 +47,7 @@ CONCISE = SummarizeSpec(
     summary_share=0.10,
     tool_output_max_tokens=400,
     summarizer=SummarizerSpec(max_tokens=250),
+    recall=RecallSpec(share=CONCISE_RECALL),
 )
 BALANCED = SummarizeSpec(
     trigger_turns=10,
@@ -47,6 +56,7 @@ BALANCED = SummarizeSpec(
     summary_share=0.5,
     tool_output_max_tokens=1000,
     summarizer=SummarizerSpec(max_tokens=600),
+    recall=RecallSpec(share=BALANCED_RECALL),
 )
 FULL = SummarizeSpec(
     keep_last_turns=None,
@@ -55,6 +65,7 @@ FULL = SummarizeSpec(
     low_water=0.6,
     summary_share=0.15,
     summarizer=SummarizerSpec(max_tokens=1000),
+    recall=RecallSpec(share=FULL_RECALL),
 )
 
 MODES: Mapping[str, SummarizeSpec] = {"concise": CONCISE, "balanced": BALANCED, "full": FULL}

@@ -42,9 +42,10 @@ import json
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from policies.transcript import message_text
-from policies.types import CountFn, Decision, Message, RecallSpec
+from policies.types import Budget, CountFn, Decision, Message, RecallSpec
 from policies.units import SYSTEM_ROLES
 
 RECALL_HEADER = (
@@ -114,6 +115,22 @@ def reserve(spec: RecallSpec, limit: int | None) -> int:
     return 0
 
 
+def recall_budget(budget: Budget, decision: Decision) -> int:
+    """The recall block's budget for ``decision``, made under ``budget``.
+
+    The reserve taken off the budget; or, when the conversation fit the whole
+    budget (nothing was taken off), what the decision leaves of it, at most
+    the reserve: a conversation short in tokens but long in turns (a mode's
+    turn trigger) still gets recall, and one that fits is never trimmed
+    earlier to make room for a block it does not need.
+    """
+    if budget.recall:
+        return budget.recall
+    if budget.spare and budget.limit is not None and decision.dropped:
+        return max(0, min(budget.spare, budget.limit - decision.tokens_after))
+    return 0
+
+
 def recall(
     messages: Sequence[Message],
     decision: Decision,
@@ -124,6 +141,7 @@ def recall(
     neighbors: int = 1,
     sizes: Sequence[int] | None = None,
     fill: bool = True,
+    shape: Shape | None = None,
 ) -> tuple[Decision, Recalled]:
     """``decision`` with the best-scoring left-out units added, and what was added.
 
@@ -139,6 +157,10 @@ def recall(
     plus :data:`LINE_TOKENS` a line); the chosen units are then quoted and
     counted, and the last units chosen are given back while the block is
     over ``max_tokens``.
+
+    ``shape``: where the units are and how a message is quoted; chat
+    messages by default (:class:`ChatShape`), Responses items with
+    :class:`policies.items.ItemShape`.
     """
     if decision.tokens_before:
         # Never forward more than the whole conversation: the block spends at most what
@@ -150,12 +172,13 @@ def recall(
     newest = _newest_user(messages)
     if newest is None:
         return decision, Recalled()
-    picker = _Picker(messages, decision, newest)
+    shape = ChatShape(messages) if shape is None else shape
+    picker = _Picker(messages, decision, newest, shape)
 
     def cost(span: tuple[int, int]) -> int:
         total = 0
         for j in range(*span):
-            if messages[j].get("role") not in SYSTEM_ROLES:
+            if not shape.pinned(j):
                 total += (count(messages[j]) if sizes is None else sizes[j]) + LINE_TOKENS
         return total
 
@@ -202,7 +225,7 @@ def recall(
     # hit in the caller's counter, not a new tokenizer call. Lines are split at
     # newlines by every BPE pre-tokenizer, so the sum is the block's count or a
     # few tokens over (bench/recall.py measures the difference).
-    lines = {span: _lines(messages, span) for span in chosen}
+    lines = {span: _lines(shape, span) for span in chosen}
     empty = count({"role": "user", "content": ""})
     sized = {
         span: count({"role": "user", "content": text}) - empty + 1 for span, text in lines.items()
@@ -254,14 +277,27 @@ def _extend(
     return used
 
 
-class _Picker:
-    """Units around hits, and whether the policy left each out entirely."""
+class Shape(Protocol):
+    """Where a list's units are and how its messages are quoted (chat messages, or items)."""
 
-    def __init__(self, messages: Sequence[Message], decision: Decision, newest: int) -> None:
+    def pinned(self, i: int) -> bool:
+        """Message ``i`` belongs to no unit (system messages: always forwarded)."""
+        ...
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        """[start, end) of the atomic unit holding message ``i`` (not pinned)."""
+        ...
+
+    def quoted(self, i: int) -> dict[str, object]:
+        """Message ``i`` as its recall line's JSON object, without its position."""
+        ...
+
+
+class ChatShape:
+    """Chat messages: a message alone, except a tool call with its results."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
         self.messages = messages
-        self.dropped = decision.dropped
-        self.repaired = decision.repaired
-        self.newest = newest
 
     def _role(self, i: int) -> object:
         return self.messages[i].get("role")
@@ -269,13 +305,13 @@ class _Picker:
     def _calls(self, i: int) -> bool:
         return self._role(i) == "assistant" and bool(self.messages[i].get("tool_calls"))
 
-    def bounds(self, i: int) -> tuple[int, int]:
-        """[start, end) of the atomic unit holding message ``i``.
+    def pinned(self, i: int) -> bool:
+        return self._role(i) in SYSTEM_ROLES
 
-        A message alone, except a tool call: the assistant message that makes
+    def bounds(self, i: int) -> tuple[int, int]:
+        """A message alone, except a tool call: the assistant message that makes
         it and the tool results right after it (system messages between them
-        included) form one unit, whichever of them was hit.
-        """
+        included) form one unit, whichever of them was hit."""
         start = i
         if self._role(i) == "tool":
             start = i - 1
@@ -293,14 +329,57 @@ class _Picker:
             end -= 1
         return start, end
 
+    def quoted(self, i: int) -> dict[str, object]:
+        message = self.messages[i]
+        role = message.get("role")
+        quoted: dict[str, object] = {"role": role}
+        name = message.get("name")
+        if isinstance(name, str) and name:
+            quoted["name"] = name
+        for key in _TIME_KEYS:
+            value = message.get(key)
+            if isinstance(value, str | int | float) and not isinstance(value, bool):
+                quoted["time"] = value
+                break
+        calls = message.get("tool_calls")
+        if role == "tool" and isinstance(message.get("tool_call_id"), str):
+            quoted["tool_call_id"] = message["tool_call_id"]
+        if isinstance(calls, list):
+            ids = [c.get("id") for c in calls if isinstance(c, Mapping)]
+            quoted["tool_call_ids"] = [x for x in ids if isinstance(x, str)]
+        quoted["text"] = message_text(message)
+        return quoted
+
+
+class _Picker:
+    """Units around hits, and whether the policy left each out entirely."""
+
+    def __init__(
+        self, messages: Sequence[Message], decision: Decision, newest: int, shape: Shape
+    ) -> None:
+        self.messages = messages
+        self.dropped = decision.dropped
+        self.repaired = decision.repaired
+        self.newest = newest
+        self.shape = shape
+        # unit_at's answers: neighbors and fill rounds ask again for the same messages.
+        self._units: dict[int, tuple[int, int] | None] = {}
+
     def unit_at(self, i: int) -> tuple[int, int] | None:
         """The unit of message ``i`` as a span, if it may come back; None otherwise."""
-        if not 0 <= i < len(self.messages) or self._role(i) in SYSTEM_ROLES:
+        if i in self._units:
+            return self._units[i]
+        unit = self._unit_at(i)
+        self._units[i] = unit
+        return unit
+
+    def _unit_at(self, i: int) -> tuple[int, int] | None:
+        if not 0 <= i < len(self.messages) or self.shape.pinned(i):
             return None
-        start, end = self.bounds(i)
+        start, end = self.shape.bounds(i)
         if end > self.newest:
             return None  # the newest turn is always forwarded
-        members = [j for j in range(start, end) if self._role(j) not in SYSTEM_ROLES]
+        members = [j for j in range(start, end) if not self.shape.pinned(j)]
         if not members or not all(_has(self.dropped, j) for j in members):
             return None
         if any(_has(self.repaired, j) for j in members):
@@ -320,7 +399,7 @@ class _Picker:
         # System messages between turns are stepped over; a unit that may not
         # come back (kept, or the newest) is None, which ends that side.
         n = len(self.messages)
-        while 0 <= i < n and self._role(i) in SYSTEM_ROLES:
+        while 0 <= i < n and self.shape.pinned(i):
             i += direction
         return self.unit_at(i) if 0 <= i < n else None
 
@@ -348,29 +427,12 @@ def _insert_at(forwarded: Sequence[Message], newest: Message) -> int:
     return len(forwarded)
 
 
-def _lines(messages: Sequence[Message], span: tuple[int, int]) -> str:
+def _lines(shape: Shape, span: tuple[int, int]) -> str:
     out = []
     for i in range(*span):
-        message = messages[i]
-        role = message.get("role")
-        if role in SYSTEM_ROLES:
+        if shape.pinned(i):
             continue
-        quoted: dict[str, object] = {"position": i + 1, "role": role}
-        name = message.get("name")
-        if isinstance(name, str) and name:
-            quoted["name"] = name
-        for key in _TIME_KEYS:
-            value = message.get(key)
-            if isinstance(value, str | int | float) and not isinstance(value, bool):
-                quoted["time"] = value
-                break
-        calls = message.get("tool_calls")
-        if role == "tool" and isinstance(message.get("tool_call_id"), str):
-            quoted["tool_call_id"] = message["tool_call_id"]
-        if isinstance(calls, list):
-            ids = [c.get("id") for c in calls if isinstance(c, Mapping)]
-            quoted["tool_call_ids"] = [x for x in ids if isinstance(x, str)]
-        quoted["text"] = message_text(message)
+        quoted: dict[str, object] = {"position": i + 1, **shape.quoted(i)}
         out.append(json.dumps(quoted, ensure_ascii=False))
     return "\n".join(out)
 

@@ -39,6 +39,10 @@ class NoneSpec:
     strategy: Literal["none"] = "none"
 
 
+# The fusion weight recall uses unless a policy says (bench/recall.py measured it).
+SEMANTIC_WEIGHT = 0.4
+
+
 @dataclass(frozen=True)
 class RecallSpec:
     """A policy's ``recall:`` block: evicted turns brought back (see :mod:`policies.recall`)."""
@@ -48,10 +52,12 @@ class RecallSpec:
     share: float | None = None
     # Turns before and after each hit brought with it.
     neighbors: int = 1
-    # "none": lexical search (the only one built so far).
+    # "none": lexical search; "wordllama": lexical and semantic, fused.
     embeddings: str = "none"
-    # Hits the index is asked for.
+    # Hits the index is asked for (and as many nearest vectors).
     candidates: int = 40
+    # The semantic share of the fused score (policies/fusion.py); measured in bench/recall.py.
+    semantic_weight: float = SEMANTIC_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,10 @@ class Budget:
     fixed: int = 0
     # Tokens set aside for recalled turns (policies.recall), already taken off ``limit``.
     recall: int = 0
+    # Recall's reserve when it was not taken off ``limit`` (the conversation fits
+    # the whole budget, so the policy drops nothing for tokens): recall gets up to
+    # this much of what the policy's decision leaves (:func:`policies.recall.recall_budget`).
+    spare: int = 0
 
 
 @dataclass(frozen=True)

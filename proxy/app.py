@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -40,6 +40,9 @@ from proxy.telemetry.logging import get_logger
 from proxy.telemetry.metrics import metrics_endpoint
 from proxy.upstream.base import Upstream
 
+if TYPE_CHECKING:
+    from proxy.context.embedder import Embedder
+
 log = get_logger()
 
 RELAYED_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -65,6 +68,7 @@ def create_app(
     *,
     store: Store | None = None,
     upstreams: dict[str, Upstream] | None = None,
+    embedder: Embedder | None = None,
 ) -> Starlette:
     offline_environment()
     if store is None:
@@ -81,6 +85,7 @@ def create_app(
         upstreams=upstreams
         if upstreams is not None
         else {name: build_upstream(u) for name, u in config.upstreams.items()},
+        embedder=embedder,
     )
 
     lifecycle = Lifecycle()
@@ -105,6 +110,8 @@ def create_app(
                 lifecycle.set_started()  # never leave a gated request waiting
 
         warming = asyncio.create_task(warm_up(), name="warm-up")
+        # The embedding model (policies with embeddings: wordllama), on a worker thread.
+        runtime.start_embeddings()
         expiry = Expiry(runtime)
         expiry.start()
         reloader = Reloader(runtime, config.source)

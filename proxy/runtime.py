@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from proxy.background import Background
 from proxy.config.model import Config, UpstreamConfig
@@ -18,9 +19,21 @@ from proxy.coordination.local import LocalCoordinator
 from proxy.http.routing import Router
 from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import Store
-from proxy.store.search_backends import recall_index_for
+from proxy.store.search_backends import recall_index_for, vector_index_for
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.base import Upstream
+
+if TYPE_CHECKING:
+    from proxy.context.embedder import Embedder
+    from proxy.context.embeddings import Embeddings
+
+
+def uses_embeddings(config: Config) -> bool:
+    """Whether any policy's recall asks for semantic search."""
+    return any(
+        getattr(getattr(spec, "recall", None), "embeddings", "none") != "none"
+        for spec in config.policies.values()
+    )
 
 
 def build_upstream(config: UpstreamConfig) -> Upstream:
@@ -81,6 +94,8 @@ class Runtime:
     summaries: SummaryService = field(init=False)
     # Evicted turns brought back (policies with a ``recall:`` block).
     recall: RecallService = field(init=False)
+    # The embedder for ``embeddings: wordllama`` (None: the real one; tests pass a fake).
+    embedder: Embedder | None = None
     # Bumped by every reload. A pinned view keeps the generation it was made in.
     generation: int = field(default=0, init=False)
     # Shared by the runtime and its pinned views (never reassigned, only mutated):
@@ -98,7 +113,32 @@ class Runtime:
         self.summaries = SummaryService(
             self.store, self.background, self.metrics, flights=self.coordinator.flights
         )
-        self.recall = RecallService(recall_index_for(self.store), self.metrics)
+        self.recall = RecallService(
+            recall_index_for(self.store), self.metrics, embeddings=self._embeddings()
+        )
+
+    def _embeddings(self) -> Embeddings | None:
+        """Semantic recall's parts, when a policy asks for it and the store keeps vectors.
+
+        Imported here: numpy and the model are loaded only by configs that use them.
+        """
+        if not uses_embeddings(self.config):
+            return None
+        index = vector_index_for(self.store)
+        if index is None:
+            return None
+        from proxy.context.embedder import WordLlamaEmbedder
+        from proxy.context.embeddings import Embeddings
+
+        embedder = self.embedder if self.embedder is not None else WordLlamaEmbedder()
+        return Embeddings(embedder, index, self.background, self.metrics)
+
+    def start_embeddings(self) -> None:
+        """Load the embedding model in the background, if a policy needs it (start, reload)."""
+        if self.recall.embeddings is None:
+            self.recall.embeddings = self._embeddings()
+        if self.recall.embeddings is not None:
+            self.recall.embeddings.start()
 
     def pin(self) -> Runtime:
         """A view of the runtime as it is now, for one request.
@@ -158,6 +198,7 @@ class Runtime:
         self.router = Router(config)
         self.rewriter = Rewriter(config.policies, self.calibration.factor)
         self.upstreams = upstreams
+        self.start_embeddings()
         self.generation += 1
         self._close_retired()
         return restart

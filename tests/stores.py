@@ -51,7 +51,7 @@ class ScratchRedisStore(RedisStore):
 # migrating a fresh schema per store (the property tests make hundreds) is most
 # of what a PostgreSQL test costs. All of them are dropped when the run ends.
 _EMPTIED: list[str] = []
-_TABLES = "sessions, items, requests, responses, summaries"
+_TABLES = "sessions, items, requests, responses, summaries, item_vectors"
 
 
 class ScratchPostgresStore(PostgresStore):

@@ -482,6 +482,10 @@ class ChatExchange:
                     self.ref, conversation, reply_in, record
                 )
             future.add_done_callback(functools.partial(self._written, time.perf_counter()))
+            if self.recall is not None and self.recall.embed:
+                future.add_done_callback(
+                    functools.partial(self._embed, self.ref, conversation, reply_in)
+                )
             self.rt.background.track(future, name=f"store-{self.id}")
             return future
         self.rt.background.spawn(
@@ -502,10 +506,26 @@ class ChatExchange:
             if upstream is not None:
                 await upstream.close()
             started = time.perf_counter()
-            await self.rt.store.record_exchange(ref, conversation, reply, record)
+            result = await self.rt.store.record_exchange(ref, conversation, reply, record)
             self.rt.metrics.store_seconds.observe(("write",), time.perf_counter() - started)
+            if ref is not None and self.recall is not None and self.recall.embed:
+                embeddings = self.rt.recall.embeddings
+                if embeddings is not None:
+                    embeddings.stored(ref, conversation, reply, result)
         finally:
             self._unlock()
+
+    def _embed(
+        self,
+        ref: SessionRef,
+        conversation: Sequence[MessageIn],
+        reply: MessageIn | None,
+        future: asyncio.Future[Any],
+    ) -> None:
+        """Stored: its messages go to the embedder (in the background, batched)."""
+        embeddings = self.rt.recall.embeddings
+        if embeddings is not None and not future.cancelled() and future.exception() is None:
+            embeddings.stored(ref, conversation, reply, future.result())
 
     def _written(self, started: float, future: asyncio.Future[Any]) -> None:
         """``_write``'s ending, for a write the store queued itself."""

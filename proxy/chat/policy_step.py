@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies.modes import MODES, ModeChoice, select
+from policies.recall import recall_budget
 from policies.types import ContextTooLong, Decision, Message, SummarizeSpec
 from proxy.config.model import RouteConfig
+from proxy.context.rewriter import conversation_tokens
 from proxy.context.summaries import SummaryContext, SummaryOutcome, build_summarizer
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.runtime import Runtime
@@ -72,8 +74,9 @@ async def summarize(
     dry_run: bool,
 ) -> tuple[Decision, SummaryOutcome, SummaryContext]:
     """A summarize policy's decision for one request, with what became of the summary."""
-    budget, factor = rt.rewriter.budget(spec, body, model)
     count = rt.rewriter.counter(conversation, model, hashes)
+    tokens = conversation_tokens(spec, conversation, count)
+    budget, factor = rt.rewriter.budget(spec, body, model, tokens=tokens)
     auth = {"authorization": headers["authorization"]} if "authorization" in headers else {}
     upstream_configs, upstreams = rt.config.upstreams, rt.upstreams
 
@@ -100,8 +103,7 @@ async def summarize(
     decision = outcome.decision
     if factor != 1.0:
         decision = dataclasses.replace(decision, extra={**decision.extra, "calibration": factor})
-    if budget.recall:
-        decision = dataclasses.replace(
-            decision, extra={**decision.extra, "recall_budget": budget.recall}
-        )
+    room = recall_budget(budget, decision)
+    if room:
+        decision = dataclasses.replace(decision, extra={**decision.extra, "recall_budget": room})
     return decision, outcome, ctx

@@ -6,14 +6,15 @@ the path of the bad key (``policies.support.recall.share: must be > 0 and <= 0.9
 
 from __future__ import annotations
 
-from policies.types import RecallSpec
+from policies.types import SEMANTIC_WEIGHT, RecallSpec
 from proxy.config.node import Node
 from proxy.errors import ConfigError
 
-RECALL_KEYS = frozenset({"max_tokens", "share", "neighbors", "embeddings", "candidates"})
-# Lexical search only so far: semantic search (wordllama) is not built yet, and
-# a config that asks for it is refused rather than silently served without it.
-EMBEDDINGS = ("none",)
+RECALL_KEYS = frozenset(
+    {"max_tokens", "share", "neighbors", "embeddings", "candidates", "semantic_weight"}
+)
+# none: lexical search only; wordllama: lexical and semantic (proxy/context/embedder.py).
+EMBEDDINGS = ("none", "wordllama")
 
 
 def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
@@ -37,15 +38,16 @@ def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
             raise ConfigError(node.path, "needs max_tokens (the policy has no token budget)")
         share = 0.3
     embeddings = node.text("embeddings", "none") or "none"
-    if embeddings == "wordllama":
-        raise ConfigError(
-            node.at("embeddings"),
-            "semantic recall (wordllama) is not available in this version; use none",
-        )
     if embeddings not in EMBEDDINGS:
         raise ConfigError(
             node.at("embeddings"), f"must be one of {', '.join(EMBEDDINGS)}; got {embeddings!r}"
         )
+    # 0 is allowed (lexical order, semantic hits after): number() wants > low.
+    weight = node.number("semantic_weight", low=-1e9)
+    if weight is not None and not 0.0 <= weight <= 1.0:
+        raise ConfigError(node.at("semantic_weight"), f"must be >= 0 and <= 1, got {weight}")
+    if weight is not None and embeddings == "none":
+        raise ConfigError(node.at("semantic_weight"), "needs embeddings: wordllama")
     neighbors = node.integer("neighbors", 1, minimum=0)
     candidates = node.integer("candidates", 40, minimum=1)
     assert neighbors is not None and candidates is not None  # they have defaults
@@ -59,4 +61,5 @@ def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
         neighbors=neighbors,
         embeddings=embeddings,
         candidates=candidates,
+        semantic_weight=SEMANTIC_WEIGHT if weight is None else weight,
     )

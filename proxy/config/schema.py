@@ -284,8 +284,16 @@ RECALL = obj(
         ),
         "share": number("Or this share of the policy's budget (default 0.3).", 0.9),
         "neighbors": integer("Messages before and after each hit brought with it.", 0, 5),
-        "embeddings": choice("Lexical search (the only one built so far).", "none"),
-        "candidates": integer("Hits the index is asked for.", 1, 500),
+        "embeddings": choice(
+            "none: lexical search; wordllama: lexical and semantic (a bundled model), fused.",
+            "none",
+            "wordllama",
+        ),
+        "candidates": integer("Hits the index is asked for (and nearest vectors).", 1, 500),
+        "semantic_weight": {
+            "description": "The semantic share of the fused score (needs embeddings: wordllama).",
+            "anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"$ref": "#/$defs/env"}],
+        },
     },
 )
 

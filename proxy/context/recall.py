@@ -6,6 +6,14 @@ user message (only those older than the last message the policy left out),
 checks that each hit is the very message at that position of this request
 (same content hash), and hands the hits to :func:`policies.recall.recall`.
 
+With ``embeddings: wordllama`` the newest user message is also embedded
+(inline: its content words, a fraction of a millisecond) and compared with
+the session's stored vectors (proxy/context/semantic.py: cached, loaded by
+cursor), and the two rankings are fused (policies/fusion.py) before the
+policy picks. Messages not embedded yet are still found lexically; a model
+still loading, or a vector error, leaves the request with lexical recall
+(``semantic`` in the row says which).
+
 Never fails a request: an index error (a locked or corrupt database, a
 missing table, a backend that cannot search) serves the request without
 recall, marked ``error`` in the header, the row, the log line and the
@@ -17,10 +25,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from policies.fusion import fuse
 from policies.modes import latest_user_text
-from policies.recall import Hit, Recalled, recall
+from policies.recall import Hit, Recalled, Shape, recall
 from policies.transcript import message_text
 from policies.types import CountFn, Decision, Message, RecallSpec
 from proxy.context.recall_query import query_terms, words_of
@@ -28,6 +37,10 @@ from proxy.store.base import SessionRef
 from proxy.store.search import RecallIndex
 from proxy.telemetry.logging import get_logger
 from proxy.telemetry.metrics import Metrics
+
+if TYPE_CHECKING:  # numpy and the model load only where a policy asks for embeddings
+    from proxy.context.embeddings import Embeddings
+    from proxy.context.semantic import Near
 
 log = get_logger()
 
@@ -54,6 +67,14 @@ class RecallOutcome:
     error: str | None = None
     # The item ids of the recalled hits with their scores, best first.
     items: list[tuple[int | None, float]] = field(default_factory=list)
+    # Semantic search: None (lexical only), "used", "loading" (the model is
+    # not loaded yet), "no_vectors", "error"; the vectors compared, its time.
+    semantic: str | None = None
+    vectors: int = 0
+    semantic_ms: float = 0.0
+    semantic_error: str | None = None
+    # Whether this exchange's messages are to be embedded once stored.
+    embed: bool = False
 
     def detail(self) -> dict[str, Any]:
         """The request row's ``recall`` entry: bounded by the recall budget, not the session."""
@@ -72,6 +93,12 @@ class RecallOutcome:
         }
         if r.position is not None:
             out["position"] = r.position
+        if self.semantic is not None:
+            out["semantic"] = self.semantic
+            out["vectors"] = self.vectors
+            out["semantic_ms"] = round(self.semantic_ms, 3)
+            if self.semantic_error is not None:
+                out["semantic_error"] = self.semantic_error
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -90,9 +117,16 @@ def _system_words(conversation: Sequence[Message]) -> frozenset[str]:
 
 
 class RecallService:
-    def __init__(self, index: RecallIndex | None, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        index: RecallIndex | None,
+        metrics: Metrics,
+        embeddings: Embeddings | None = None,
+    ) -> None:
         self._index = index
         self._metrics = metrics
+        # None: no semantic recall (no embedder, or a store without a vector index).
+        self.embeddings = embeddings
 
     async def apply(
         self,
@@ -106,13 +140,16 @@ class RecallService:
         decision: Decision,
         count: CountFn,
         sizes: Sequence[int] | None = None,
+        shape: Shape | None = None,
     ) -> tuple[Decision, RecallOutcome]:
         """``decision`` with recalled turns added (within ``budget`` tokens), and the outcome.
 
-        ``sizes``: the conversation's token counts by position, when known.
+        ``sizes``: the conversation's token counts by position, when known;
+        ``shape``: its units when they are not chat messages (Responses items).
         """
         started = time.perf_counter()
         outcome = RecallOutcome(status=NONE, budget=budget)
+        outcome.embed = spec.embeddings != "none" and self.embeddings is not None
         try:
             if ref is None or hashes is None:
                 outcome.status = NO_SESSION
@@ -120,7 +157,7 @@ class RecallService:
                 outcome.status = UNSUPPORTED
             elif decision.dropped and budget > 0:
                 decision = await self._recall(
-                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome
+                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome, shape
                 )
         except Exception as exc:  # recall must never fail a request (see above)
             outcome.status = ERROR
@@ -141,15 +178,24 @@ class RecallService:
         count: CountFn,
         sizes: Sequence[int] | None,
         outcome: RecallOutcome,
+        shape: Shape | None = None,
     ) -> Decision:
         assert self._index is not None
-        terms = query_terms(latest_user_text(conversation), exclude=_system_words(conversation))
+        text = latest_user_text(conversation)
+        terms = query_terms(text, exclude=_system_words(conversation))
         outcome.terms = len(terms)
-        if not terms:
+        before = decision.dropped[-1] + 1
+        semantic = spec.embeddings != "none" and self.embeddings is not None
+        if spec.embeddings != "none" and self.embeddings is None:
+            outcome.semantic = "unsupported"  # a store without a vector index
+        if not terms and not semantic:
             return decision
-        found = await self._index.search(
-            ref, terms, limit=spec.candidates, before=decision.dropped[-1] + 1
+        found = (
+            await self._index.search(ref, terms, limit=spec.candidates, before=before)
+            if terms
+            else []
         )
+        near = await self._semantic(spec, ref, terms, text, before, outcome) if semantic else []
         n = len(conversation)
         # Only hits that are this request's message at that position (a stored
         # item of another branch, or a position this request does not have, is not).
@@ -158,13 +204,64 @@ class RecallService:
             for h in found
             if h.position < n and hashes[h.position] == h.content_hash
         ]
+        if outcome.semantic == "used":
+            close = [
+                Hit(h.position, h.score, h.item_id)
+                for h in near
+                if h.position < n and hashes[h.position] == h.content_hash
+            ]
+            hits = fuse(hits, close, spec.semantic_weight)
         outcome.candidates = len(hits)
         decision, outcome.recalled = recall(
-            conversation, decision, hits, count, budget, neighbors=spec.neighbors, sizes=sizes
+            conversation,
+            decision,
+            hits,
+            count,
+            budget,
+            neighbors=spec.neighbors,
+            sizes=sizes,
+            shape=shape,
         )
         if outcome.recalled.spans:
             outcome.status = RECALLED
         return decision
+
+    async def _semantic(
+        self,
+        spec: RecallSpec,
+        ref: SessionRef,
+        terms: Sequence[str],
+        text: str,
+        before: int,
+        outcome: RecallOutcome,
+    ) -> list[Near]:
+        """The stored messages closest in meaning; [] (lexical only) on any trouble."""
+        embeddings = self.embeddings
+        assert embeddings is not None
+        started = time.perf_counter()
+        try:
+            if not embeddings.ready:
+                embeddings.start()
+                outcome.semantic = "loading"
+                return []
+            # The content words, as the stored messages were embedded; the system
+            # prompt's words are left out as for the lexical query.
+            query = embeddings.query(" ".join(terms) if terms else text)
+            vectors = await embeddings.cache.get(ref)
+            if query is None or vectors is None or vectors.count == 0:
+                outcome.semantic = "no_vectors"
+                return []
+            outcome.vectors = vectors.count
+            near = vectors.nearest(query, spec.candidates, before)
+            outcome.semantic = "used"
+            return near
+        except Exception as exc:  # lexical recall goes on without it
+            outcome.semantic = "error"
+            outcome.semantic_error = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("semantic_recall_failed", error=outcome.semantic_error)
+            return []
+        finally:
+            outcome.semantic_ms = (time.perf_counter() - started) * 1000
 
     def _observe(self, policy: str, outcome: RecallOutcome) -> None:
         m = self._metrics

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from policies.apply import apply
-from policies.recall import reserve
+from policies.recall import recall_budget, reserve
 from policies.summarize import limit_of
 from policies.trim import budget_limit
 from policies.types import (
@@ -36,6 +36,15 @@ def reserved_for_answer(body: Mapping[str, Any]) -> int:
 
 def _uncalibrated(model: str) -> float:
     return 1.0
+
+
+def conversation_tokens(
+    spec: PolicySpec, messages: Sequence[Message], count: CountFn
+) -> int | None:
+    """The conversation's tokens when ``spec`` recalls (for :meth:`Rewriter.budget`); else None."""
+    if getattr(spec, "recall", None) is None:
+        return None
+    return sum(count(m) for m in messages)
 
 
 class Rewriter:
@@ -71,8 +80,9 @@ class Rewriter:
         ``counts``: the counts themselves, when the caller has those too.
         """
         spec = self._policies[policy]
-        budget, factor = self.budget(spec, body, model)
         count = self.counter(messages, model, keys, counts)
+        tokens = conversation_tokens(spec, messages, count)
+        budget, factor = self.budget(spec, body, model, tokens=tokens)
         try:
             decision = apply(messages, spec, count, budget)
         except ContextTooLong as exc:
@@ -85,12 +95,13 @@ class Rewriter:
             # budget, and recall gets what is left (often nothing).
             whole = budget.limit + budget.recall
             return self._decided(messages, spec, count, Budget(whole, budget.fixed), factor)
-        if factor != 1.0 or budget.recall:
+        room = recall_budget(budget, decision)
+        if factor != 1.0 or room:
             extra = dict(decision.extra)
             if factor != 1.0:
                 extra["calibration"] = factor
-            if budget.recall:
-                extra["recall_budget"] = budget.recall
+            if room:
+                extra["recall_budget"] = room
             decision = dataclasses.replace(decision, extra=extra)
         return decision
 
@@ -114,8 +125,21 @@ class Rewriter:
     def spec(self, policy: str) -> PolicySpec:
         return self._policies[policy]
 
-    def budget(self, spec: PolicySpec, body: Mapping[str, Any], model: str) -> tuple[Budget, float]:
-        """The budget ``spec`` runs with for this request, and the calibration factor applied."""
+    def budget(
+        self,
+        spec: PolicySpec,
+        body: Mapping[str, Any],
+        model: str,
+        *,
+        tokens: int | None = None,
+    ) -> tuple[Budget, float]:
+        """The budget ``spec`` runs with for this request, and the calibration factor applied.
+
+        ``tokens``: the conversation's count (:func:`conversation_tokens`), when
+        known. A conversation that fits the whole budget keeps all of it: the
+        recall reserve is not taken off (``Budget.spare`` instead), so a policy
+        with recall drops nothing earlier than the same policy without.
+        """
         counter = counter_for(model)
         limit: int | None = None
         if isinstance(spec, TrimSpec):
@@ -129,13 +153,16 @@ class Rewriter:
             # the budget, so counts stay what tiktoken says (and calibration stable).
             limit = int(limit / factor)
         held = 0
+        fixed = counter.count_request_fixed(body)
         recall_spec = getattr(spec, "recall", None)
         if recall_spec is not None:
-            # The kept window shrinks to make room for the recalled turns.
             held = reserve(recall_spec, limit)
+            if limit is not None and tokens is not None and tokens + fixed <= limit:
+                return Budget(limit=limit, fixed=fixed, spare=held), factor
             if limit is not None:
+                # The kept window shrinks to make room for the recalled turns.
                 limit -= held
-        return Budget(limit=limit, fixed=counter.count_request_fixed(body), recall=held), factor
+        return Budget(limit=limit, fixed=fixed, recall=held), factor
 
     @staticmethod
     def counter(

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from policies.items import apply_items, kind_of, role_of, summarize_fallback
+from policies.recall import recall_budget, reserve
 from policies.trim import budget_limit
 from policies.types import (
     Budget,
     ContextTooLong,
+    CountFn,
     Decision,
     Message,
     PolicySpec,
@@ -180,9 +183,39 @@ def decide(
     if limit is not None and factor != 1.0:
         # As for chat: the budget is in the upstream's tokens, the counts local.
         limit = int(limit / factor)
+    fixed = counter.fixed(body)
+    budget = _budget(spec, items, count, limit, fixed)
     try:
-        return apply_items(items, spec, count, Budget(limit=limit, fixed=counter.fixed(body)))
+        decision = apply_items(items, spec, count, budget)
     except ContextTooLong as exc:
-        raise ContextLengthExceeded(
-            f"{exc} Shorten the newest turn or raise the policy's budget.", param="input"
-        ) from exc
+        if not budget.recall or limit is None:
+            raise ContextLengthExceeded(
+                f"{exc} Shorten the newest turn or raise the policy's budget.", param="input"
+            ) from exc
+        # Only the recall reserve made it too long (as for chat): decide with the
+        # whole budget, and recall gets what is left of it (often nothing).
+        budget = Budget(limit=limit, fixed=fixed, spare=budget.recall)
+        try:
+            decision = apply_items(items, spec, count, budget)
+        except ContextTooLong as again:
+            raise ContextLengthExceeded(
+                f"{again} Shorten the newest turn or raise the policy's budget.", param="input"
+            ) from again
+    room = recall_budget(budget, decision)
+    if room:
+        decision = replace(decision, extra={**decision.extra, "recall_budget": room})
+    return decision
+
+
+def _budget(
+    spec: PolicySpec, items: Sequence[Message], count: CountFn, limit: int | None, fixed: int
+) -> Budget:
+    """The policy's budget, less the recall reserve when the items do not fit it whole
+    (proxy.context.rewriter.Rewriter.budget's rule, for items)."""
+    recall_spec = getattr(spec, "recall", None)
+    if recall_spec is None or limit is None:
+        return Budget(limit=limit, fixed=fixed)
+    held = reserve(recall_spec, limit)
+    if sum(count(item) for item in items) + fixed <= limit:
+        return Budget(limit=limit, fixed=fixed, spare=held)
+    return Budget(limit=limit - held, fixed=fixed, recall=held)

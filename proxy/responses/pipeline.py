@@ -1,9 +1,12 @@
 """POST /v1/responses: the Responses API through the proxy, chains served from our own store.
 
-parse -> route -> previous chain -> session -> policy -> stateless replay ->
-upstream -> relay (+ assemble) -> store. The chat pipeline's steps, over
-items instead of messages (``ChatExchange`` supplies the headers, the request
-row, the log line and the error handling).
+parse -> route -> previous chain -> session -> policy -> recall -> stateless
+replay -> upstream -> relay (+ assemble) -> store. Recall works as for chat
+(proxy/chat/recall_step.py: same headers, row, log line and metrics) over
+the policy's item units: a call comes back with its output, reasoning with
+its item, quoted in one user message right before the newest user message.
+The chat pipeline's steps, over items instead of messages (``ChatExchange``
+supplies the headers, the request row, the log line and the error handling).
 
 ``previous_response_id`` naming a response the proxy stored: the chain is
 rebuilt from the store (earlier inputs and outputs, in order; not the
@@ -37,9 +40,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from policies.items import ItemShape
 from policies.types import Decision, NoneSpec
 from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.pipeline import ChatExchange
+from proxy.chat.recall_step import spec_recall
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
@@ -143,6 +148,23 @@ class ResponsesExchange(ChatExchange):
         self.stable_prefix = measure_stable_prefix(
             rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock
         )
+        recall = spec_recall(spec)
+        if recall is not None:
+            # As for chat, after the prefix was measured: the block follows it.
+            counter = ItemCounter(model)
+            hashes = self.item_hashes
+            self.decision, self.recall = await rt.recall.apply(
+                policy=self.route.policy,
+                spec=recall,
+                budget=int(self.decision.extra.get("recall_budget", 0)),
+                ref=self.ref,
+                conversation=self.conversation,
+                hashes=hashes,
+                decision=self.decision,
+                count=counter.count,
+                sizes=[counter.count(m, h) for m, h in zip(self.conversation, hashes, strict=True)],
+                shape=ItemShape(self.conversation),
+            )
         return self.decision
 
     async def _previous_chain(self, value: object) -> list[StoredItem]:
@@ -199,6 +221,9 @@ class ResponsesExchange(ChatExchange):
         d = self.decision
         assert d is not None
         replayed = [i < self.chain_len for i in d.kept]
+        block = self.recall.recalled.position if self.recall is not None else None
+        if block is not None:
+            replayed.insert(block, False)  # the recall block: the proxy's, sent as made
         known = ids_of(self.conversation[: self.chain_len]) if self.previous else {}
         self.replay = replay(d.messages, replayed, known)
         assert self.route is not None

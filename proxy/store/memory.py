@@ -30,6 +30,7 @@ from proxy.store.base import (
     request_row,
 )
 from proxy.store.pruning import exclusive_suffix
+from proxy.store.vectors import ItemVector, StoredVectors
 
 
 @dataclass
@@ -58,6 +59,8 @@ class MemoryStore:
         # session id -> its summaries as JSON bytes, oldest first.
         self._summaries: dict[int, list[bytes]] = {}
         self._next_summary_id = 1
+        # session id -> its items' vectors in the order stored (the cursor is the count).
+        self._vectors: dict[int, list[ItemVector]] = {}
 
     async def open(self) -> None:
         return None
@@ -303,9 +306,36 @@ class MemoryStore:
             del self._messages[item_id]
         # The SQLite store's ON DELETE CASCADE.
         self._summaries.pop(row.id, None)
+        self._vectors.pop(row.id, None)
         for key, (stored, _) in list(self._responses.items()):
             if stored.session_id == row.id:
                 del self._responses[key]
+
+    # -- vectors (proxy/store/vectors.py: this store is its own VectorIndex) ----
+
+    async def put_vectors(self, session: SessionRef, vectors: Sequence[ItemVector]) -> None:
+        async with self._lock:
+            row = self._sessions.get((session.tenant, session.key))
+            if row is None:
+                return
+            stored = self._vectors.setdefault(row.id, [])
+            have = {v.item_id for v in stored}
+            for v in vectors:
+                item = self._items.get(v.item_id)
+                if item is not None and item.session_id == row.id and v.item_id not in have:
+                    stored.append(replace(v, content_hash=item.content_hash))
+                    have.add(v.item_id)
+
+    async def vectors(self, session: SessionRef, *, after: int = 0) -> StoredVectors:
+        async with self._lock:
+            row = self._sessions.get((session.tenant, session.key))
+            if row is None:
+                return StoredVectors(None, [], after)
+            stored = self._vectors.get(row.id, [])
+            # An item pruned since (a deleted response's) takes its vector with it;
+            # the list keeps its entry so that cursors stay positions in it.
+            rows = [v for v in stored[after:] if v.item_id in self._items]
+            return StoredVectors(row.id, rows, max(after, len(stored)))
 
     # -- Responses API ----------------------------------------------------------
 

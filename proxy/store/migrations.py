@@ -197,6 +197,21 @@ MIGRATIONS: tuple[str, ...] = (
     )
     SELECT id, 's' || session_id, body, pos FROM texts WHERE body != '';
     """,
+    # 6: semantic recall: each item's embedding (see proxy/store/sqlite_vectors.py),
+    # written in the background after the item is stored. ``seq`` orders them as
+    # they were written (one writer at a time), so a reader's cursor only ever
+    # misses what is written after it read. They go with their item (and so
+    # with the session); existing items get theirs when a request next needs them.
+    """
+    CREATE TABLE item_vectors (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        item_id INTEGER NOT NULL UNIQUE REFERENCES items (id) ON DELETE CASCADE,
+        session_id INTEGER NOT NULL,
+        pos INTEGER NOT NULL,
+        vector BLOB NOT NULL
+    );
+    CREATE INDEX item_vectors_session_seq ON item_vectors (session_id, seq);
+    """,
 )
 
 

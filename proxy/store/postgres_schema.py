@@ -176,6 +176,20 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE items.id = parsed.item_id;
     CREATE INDEX items_search ON items USING GIN (search);
     """,
+    # 4: semantic recall (SQLite version 6): each item's embedding, written in the
+    # background after the item (proxy/store/postgres_vectors.py). ``seq`` is the
+    # readers' cursor: a writer holds its session's row lock while it takes values,
+    # so one session's vectors commit in ``seq`` order.
+    """
+    CREATE TABLE item_vectors (
+        item_id BIGINT PRIMARY KEY REFERENCES items (id) ON DELETE CASCADE,
+        seq BIGINT GENERATED ALWAYS AS IDENTITY,
+        session_id BIGINT NOT NULL,
+        position INTEGER NOT NULL,
+        vector BYTEA NOT NULL
+    );
+    CREATE INDEX item_vectors_session_seq ON item_vectors (session_id, seq);
+    """,
 )
 
 

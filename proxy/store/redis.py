@@ -138,6 +138,13 @@ class RedisStore:
         if client is not None:
             await client.aclose()
 
+    @property
+    def client(self) -> Redis:
+        """The open client (the vector index's scripts run on it)."""
+        if self._client is None:
+            raise RuntimeError("RedisStore is not open")
+        return self._client
+
     async def _run(self, name: str, *args: str | bytes | int) -> Any:
         if self._client is None:
             raise RuntimeError("RedisStore is not open")

@@ -20,6 +20,9 @@ session's name: tenant and key, length-prefixed so no key can forge another):
     P x:S      hash    word (stemmed) -> its postings: "item id,tf,length,position;"...
                        (the recall index, when one is kept; s:S holds xn items indexed,
                        xl their length)
+    P v:S      list    the items' vectors in the order written: "item id:position:
+                       content hash:vector bytes" (proxy/store/redis_vectors.py)
+    P y:S      set     the item ids with a vector in v:S
     P m:S      hash    summary id -> the summary as JSON
     P g:S      hash    "covered path hash:start unit" -> summary id (one per range)
     P o:S      hash    response id -> the response row as JSON
@@ -49,7 +52,7 @@ local function nm(tenant, key) return #tenant .. ':' .. tenant .. ':' .. key end
 -- A session in the updated-time sets: its id, zero-padded so ties sort by id, and tenant.
 local function member(sid, tenant) return string.format('%015d', tonumber(sid)) .. ':' .. tenant end
 local function member_sid(m) return tostring(tonumber(string.sub(m, 1, 15))) end
-local SESSION_KEYS = {'s:', 'p:', 'a:', 'i:', 'x:', 'm:', 'g:', 'o:', 'e:'}
+local SESSION_KEYS = {'s:', 'p:', 'a:', 'i:', 'x:', 'm:', 'g:', 'o:', 'e:', 'v:', 'y:'}
 
 local function live_sid(name)
   local sid = redis.call('GET', P .. 'n:' .. name)

@@ -1,4 +1,7 @@
-"""Which recall index serves a store: one per backend (a new backend adds its case here)."""
+"""Which recall index (and vector index) serves a store: one per backend.
+
+A new backend adds its case here.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,15 @@ from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
 from proxy.store.postgres import PostgresStore
 from proxy.store.postgres_search import PostgresRecallIndex
+from proxy.store.postgres_vectors import PostgresVectorIndex
 from proxy.store.redis import RedisStore
 from proxy.store.redis_search import RedisRecallIndex
+from proxy.store.redis_vectors import RedisVectorIndex
 from proxy.store.search import RecallIndex
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
+from proxy.store.sqlite_vectors import SqliteVectorIndex
+from proxy.store.vectors import VectorIndex
 
 
 def recall_index_for(store: Store) -> RecallIndex | None:
@@ -24,4 +31,17 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return PostgresRecallIndex(store._fetch)
     if isinstance(store, RedisStore):
         return RedisRecallIndex(store)
+    return None
+
+
+def vector_index_for(store: Store) -> VectorIndex | None:
+    """The store's vector index (semantic recall); None for a backend without one."""
+    if isinstance(store, SqliteStore):
+        return SqliteVectorIndex(store.fetch, store.write)
+    if isinstance(store, MemoryStore):
+        return store
+    if isinstance(store, PostgresStore):
+        return PostgresVectorIndex(store._fetch, store._transaction)
+    if isinstance(store, RedisStore):
+        return RedisVectorIndex(store)
     return None

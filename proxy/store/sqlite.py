@@ -258,6 +258,10 @@ class SqliteStore:
         """One read on the store's connection (the recall index's queries)."""
         return await self._fetch(query, params)
 
+    async def write(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """One job on the store's writer, in its own savepoint (the vector index's writes)."""
+        return await self._write(job)
+
     async def history(self, session: SessionRef) -> list[StoredItem]:
         return [_item(row) for row in await self._fetch(_HISTORY, (session.tenant, session.key))]
 

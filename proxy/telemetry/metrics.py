@@ -287,6 +287,20 @@ class Metrics:
         )
         for metric in (self.recall, self.recalled_turns, self.recall_tokens, self.recall_seconds):
             r.add(metric)
+        # Semantic recall (proxy/context/embeddings.py): stored messages embedded.
+        self.embeddings = Counter(
+            "ctxproxy_embeddings_total",
+            "Stored messages given to the embedder, by outcome (stored, failed, dropped).",
+            ("outcome",),
+        )
+        self.embedding_seconds = Histogram(
+            "ctxproxy_embedding_batch_seconds",
+            "Time to embed and store one batch of messages (in the background).",
+            (),
+            FAST_BUCKETS,
+        )
+        r.add(self.embeddings)
+        r.add(self.embedding_seconds)
 
     def observe_request(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,27 +70,28 @@ def test_turn_3_comes_back_at_turn_61_after_the_policy_dropped_it(fake, start_pr
     prefix = stable_prefix(previous)
     assert json.dumps(last[: len(prefix)]) == json.dumps(prefix)
     assert last[:at] == [*prefix, *history[-4:-2]]
-    h = raw.headers
+    recall = recall_row(tmp_path, raw.headers, budget=1200, needle="%88412-KX%")
+    assert [5, 6] in recall["spans"]
+
+
+def recall_row(tmp_path: Path, h: Any, *, budget: int, needle: str) -> dict[str, Any]:
+    """The headers say recall happened within its 300 tokens and the policy's budget; the
+    request row agrees and names the stored item matching ``needle`` (LIKE) among its hits."""
     assert h["x-context-recall"] == "recalled"
     assert int(h["x-context-recalled"]) >= 1
     tokens = int(h["x-context-recall-tokens"])
     assert 0 < tokens <= 300
-    assert int(h["x-context-tokens-after"]) <= 1200
-    # The request row names the recalled items (ids of this session) with their scores.
+    assert int(h["x-context-tokens-after"]) <= budget
     row = query(
         tmp_path / "ctxproxy.db",
         "SELECT detail_json FROM requests WHERE id = ?",
         h["x-ctxproxy-request-id"],
     )[0]
-    recall = json.loads(row["detail_json"])["recall"]
+    recall: dict[str, Any] = json.loads(row["detail_json"])["recall"]
     assert recall["status"] == "recalled" and recall["tokens"] == tokens
-    order_item = query(
-        tmp_path / "ctxproxy.db",
-        "SELECT id FROM items WHERE message_json LIKE ?",
-        "%88412-KX%",
-    )[0]["id"]
-    assert any(hit[1] == order_item and hit[2] > 0 for hit in recall["hits"])
-    assert [5, 6] in recall["spans"]
+    item = query(tmp_path / "ctxproxy.db", "SELECT id FROM items WHERE message_json LIKE ?", needle)
+    assert any(hit[1] == item[0]["id"] and hit[2] > 0 for hit in recall["hits"])
+    return recall
 
 
 def test_a_policy_without_recall_gets_no_recall_headers(fake, start_proxy):

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from policies.types import RecallSpec, SummarizeSpec, TrimSpec
+from policies.types import SEMANTIC_WEIGHT, RecallSpec, SummarizeSpec, TrimSpec
 from proxy.config.loader import parse_config
 from proxy.errors import ConfigError
 
@@ -42,6 +42,19 @@ def test_a_summarize_policy_takes_a_share_and_an_empty_block_defaults_to_a_share
     assert isinstance(spec, TrimSpec) and spec.recall == RecallSpec(share=0.3)
 
 
+def test_embeddings_wordllama_turns_on_semantic_recall_with_the_measured_weight_or_a_given_one():
+    spec = config(
+        {"strategy": "trim", "max_tokens": 4000, "recall": {"embeddings": "wordllama"}}
+    ).policies["p"]
+    assert isinstance(spec, TrimSpec) and spec.recall is not None
+    assert spec.recall.embeddings == "wordllama"
+    assert spec.recall.semantic_weight == SEMANTIC_WEIGHT
+    recall = {"embeddings": "wordllama", "semantic_weight": 0}
+    spec = config({"strategy": "trim", "max_tokens": 4000, "recall": recall}).policies["p"]
+    assert isinstance(spec, TrimSpec) and spec.recall is not None
+    assert spec.recall.semantic_weight == 0.0
+
+
 def test_no_recall_block_means_no_recall():
     spec = config({"strategy": "trim", "max_tokens": 4000}).policies["p"]
     assert isinstance(spec, TrimSpec) and spec.recall is None
@@ -68,11 +81,19 @@ def test_no_recall_block_means_no_recall():
         ),
         (
             {"strategy": "trim", "max_tokens": 99, "recall": {"embeddings": "bert"}},
-            "policies.p.recall.embeddings: must be one of none; got 'bert'",
+            "policies.p.recall.embeddings: must be one of none, wordllama; got 'bert'",
         ),
         (
-            {"strategy": "trim", "max_tokens": 99, "recall": {"embeddings": "wordllama"}},
-            "policies.p.recall.embeddings: semantic recall (wordllama) is not available",
+            {
+                "strategy": "trim",
+                "max_tokens": 99,
+                "recall": {"embeddings": "wordllama", "semantic_weight": 1.5},
+            },
+            "policies.p.recall.semantic_weight: must be >= 0 and <= 1, got 1.5",
+        ),
+        (
+            {"strategy": "trim", "max_tokens": 99, "recall": {"semantic_weight": 0.5}},
+            "policies.p.recall.semantic_weight: needs embeddings: wordllama",
         ),
         (
             {"strategy": "trim", "max_tokens": 99, "recall": {"neighbours": 1}},

@@ -96,3 +96,11 @@ def test_each_mode_bounds_its_summary_by_its_share_of_the_budget():
         assert answer + facts <= total
     assert (CONCISE.max_tokens, BALANCED.max_tokens) == (2500, 5000)
     assert FULL.max_tokens is not None and FULL.max_tokens >= 8000
+
+
+def test_every_mode_recalls_a_measured_share_of_its_budget():
+    # bench/recall.py's modes section chose them (README "Recall"): a user who
+    # only names a mode gets recall.
+    for mode in (CONCISE, BALANCED, FULL):
+        assert mode.recall is not None and mode.recall.share is not None
+        assert 0 < mode.recall.share < 0.5

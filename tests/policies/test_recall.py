@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.apply import apply
+from policies.items import ItemShape, trim_items
 from policies.recall import BLOCK_CLOSE, BLOCK_OPEN, Hit, recall, reserve
 from policies.summarize import assemble
 from policies.trim import trim
@@ -217,3 +218,49 @@ def test_recall_invariants(
     )
     # Nothing recalled is an orphan in the forwarded list (it is quoted text).
     assert find_orphans(out.messages) == find_orphans(decision.messages)
+
+
+def test_responses_items_come_back_in_the_policys_units():
+    # A function call with its output (a message between them), reasoning with its item.
+    items: list[dict[str, Any]] = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "check the weather " + "words " * 20},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "hm"}]},
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"c": 1}'},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "w"}]},
+        {"type": "function_call_output", "call_id": "c1", "output": "hail in Lyon"},
+        {"role": "assistant", "content": "it hails " + "words " * 20},
+        *[
+            {"role": r, "content": f"{r} {t} " + "words " * 20}
+            for t in range(6)
+            for r in ("user", "assistant")
+        ],
+        {"role": "user", "content": "what about the weather?"},
+    ]
+    decision = trim_items(items, TrimSpec(max_tokens=120), simple_count, Budget(120))
+    assert 5 in decision.dropped
+    shape = ItemShape(items)
+    out, got = recall(
+        items, decision, [Hit(5, 2.0)], simple_count, 400, neighbors=0, fill=False, shape=shape
+    )
+    assert got.spans == ((2, 6),)  # reasoning, call, the message between, output: one unit
+    lines = quoted(out.messages[got.position])
+    assert [line["role"] for line in lines] == [
+        "reasoning",
+        "function_call",
+        "assistant",
+        "function_call_output",
+    ]
+    assert lines[1] == {
+        "position": 4,
+        "role": "function_call",
+        "call_id": "c1",
+        "text": 'weather({"c": 1})',
+    }
+    assert lines[3]["text"] == "hail in Lyon" and lines[3]["call_id"] == "c1"
+    assert lines[0]["text"] == "hm" and lines[2]["text"] == "w"
+    # The developer message is pinned: never a unit, never quoted.
+    assert (
+        shape.pinned(0)
+        and recall(items, decision, [Hit(0, 9.0)], simple_count, 400, shape=shape)[1].spans == ()
+    )

@@ -15,6 +15,8 @@ from redis.asyncio import Redis
 
 from proxy.store.base import FencedOut, ResponseIn, SessionRef, SummaryIn
 from proxy.store.redis import RedisStore, RedisStoreError
+from proxy.store.redis_vectors import RedisVectorIndex
+from proxy.store.vectors import ItemVector
 from tests.servers import require_redis
 from tests.stores import ALICE, ScratchRedisStore, msg, req
 
@@ -61,11 +63,18 @@ COUNTERS = {"seq:s", "seq:i", "seq:m"}
 
 
 async def fill(store: RedisStore, session: SessionRef = ALICE) -> str:
-    """One of everything: an orphan row, an exchange, a response, a summary. Returns a request id."""
+    """One of everything: an orphan row, an exchange, a vector, a response, a summary.
+
+    Returns a request id.
+    """
     tenant, key = session.tenant, session.key
     await store.record_exchange(session, [], None, req(tenant, session_key=key, status=502))
     record = req(tenant, session_key=key)
-    await store.record_exchange(session, [SYSTEM, U1], A1, record)
+    stored = await store.record_exchange(session, [SYSTEM, U1], A1, record)
+    assert stored is not None
+    vector = ItemVector(stored.item_ids[1], 1, U1.content_hash, b"\x00\x3c")
+    await RedisVectorIndex(store).put_vectors(session, [vector])
+    assert len((await RedisVectorIndex(store).vectors(session)).rows) == 1
     response = ResponseIn("resp_1", {"id": "resp_1"}, "completed")
     await store.record_response(session, [SYSTEM, U1, A1, U2], [A1], response, req(tenant))
     await store.save_summary(session, [SYSTEM, U1, A1], SummaryIn(text="they met"))

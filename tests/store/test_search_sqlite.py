@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 
 from proxy.store.base import MessageIn, SessionRef
-from proxy.store.migrations import MIGRATIONS
 from proxy.store.search_text import search_text
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
@@ -43,12 +42,14 @@ def fts_rows(path: Path) -> dict[int, tuple[str, str, int]]:
 
 
 def forget_index(path: Path) -> None:
-    """Make the database one from before the recall index (schema version 3)."""
+    """Make the database one from before the recall index (schema version 4)."""
     con = sqlite3.connect(path)
     try:
         con.execute("DROP TRIGGER items_fts_delete")
         con.execute("DROP TABLE items_fts")
-        con.execute("DELETE FROM schema_migrations WHERE version = ?", (len(MIGRATIONS),))
+        # And before what came after it (6: item_vectors).
+        con.execute("DROP TABLE IF EXISTS item_vectors")
+        con.execute("DELETE FROM schema_migrations WHERE version >= 5")
         con.commit()
     finally:
         con.close()

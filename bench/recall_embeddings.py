@@ -1,0 +1,181 @@
+"""Semantic recall (``embeddings: wordllama``) on LoCoMo: evidence kept, the fusion weight, cost.
+
+Run by bench/recall.py (``python bench/recall.py --only embeddings``; ``--quick``: 200
+questions). The conversations are stored as for the lexical rows, then
+embedded by the proxy's own background service (proxy/context/embeddings.py:
+batches on a worker thread, vectors into SQLite), which gives the throughput
+in ms per message. Then, at 10% and 25% of each history's tokens with
+``recall: {share: 0.8}`` (the best lexical share):
+
+- the weight sweep: fused score ``w * cos + (1 - w) * bm25`` (each scaled
+  by its best) for each ``w`` of :data:`WEIGHTS`; ``w = 0`` keeps lexical
+  order and only appends semantic hits after the lexical ones;
+- the time the semantic step adds per request at 100, 1,000 and 5,000
+  stored turns: the query's embedding, the vector cache's read (only what is
+  new: none here), the cosine over the session's rows and the fusion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from typing import Any
+
+from policies.recall import reserve
+from policies.trim import trim
+from policies.types import Budget, RecallSpec, TrimSpec
+from proxy.background import Background
+from proxy.context.embedder import WordLlamaEmbedder
+from proxy.context.embeddings import Embeddings
+from proxy.context.recall import RecallService
+from proxy.store.base import SessionRef
+from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite_search import SqliteRecallIndex
+from proxy.store.sqlite_vectors import SqliteVectorIndex
+from proxy.telemetry.metrics import Metrics
+
+WEIGHTS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+SHARE = 0.8
+
+
+def services(store: SqliteStore) -> tuple[RecallService, Embeddings]:
+    embeddings = Embeddings(
+        WordLlamaEmbedder(), SqliteVectorIndex(store.fetch, store.write), Background(), Metrics()
+    )
+    return RecallService(SqliteRecallIndex(store.fetch), Metrics(), embeddings), embeddings
+
+
+async def embed_stored(
+    embeddings: Embeddings, store: SqliteStore, refs: list[SessionRef], stored: list[Any]
+) -> tuple[int, float]:
+    """Embed stored sessions through the background service: (messages, ms per message)."""
+    await asyncio.to_thread(embeddings.embedder.load)
+    started = time.perf_counter()
+    n = 0
+    for ref, conv in zip(refs, stored, strict=True):
+        ids = [item.id for item in await store.history(ref)]
+        from proxy.store.base import ExchangeResult
+
+        result = ExchangeResult(0, ids[: len(conv)], None, len(conv))
+        embeddings.stored(ref, conv, None, result)
+        n += sum(1 for m in conv if m.role not in ("system", "developer"))
+    await embeddings.idle()
+    return n, (time.perf_counter() - started) * 1000 / max(1, n)
+
+
+async def sweep(
+    bench: Any, store: SqliteStore, stored: list[Any], questions: list[Any]
+) -> dict[str, dict[int, Any]]:
+    """Evidence kept with embeddings at each fusion weight (the conversations are stored)."""
+    service, embeddings = services(store)
+    refs = [SessionRef("bench", f"conv-{k}") for k in range(len(stored))]
+    n, per = await embed_stored(embeddings, store, refs, stored)
+    print(f"\n(embedded {n} stored messages in the background: {per:.3f} ms per message)")
+    rows: dict[str, dict[int, Any]] = {}
+    for q in questions:
+        ask = bench.message_in({"role": "user", "content": q.text})
+        conv_in = [*stored[q.conversation], ask]
+        conversation = [m.message for m in conv_in]
+        hashes = [m.content_hash for m in conv_in]
+        counts, count = bench.counting(conv_in)
+        total = sum(counts)
+        for fraction in bench.FRACTIONS:
+            limit = int(fraction * total)
+            label = f"{int(fraction * 100)}%"
+            for w in WEIGHTS:
+                spec = RecallSpec(
+                    share=SHARE,
+                    neighbors=bench.NEIGHBORS,
+                    embeddings="wordllama",
+                    semantic_weight=w,
+                )
+                held = reserve(spec, limit)
+                base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
+                decision, outcome = await service.apply(
+                    policy="bench",
+                    spec=spec,
+                    budget=held,
+                    ref=refs[q.conversation],
+                    conversation=conversation,
+                    hashes=hashes,
+                    decision=base,
+                    count=count,
+                    sizes=counts,
+                )
+                assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                assert outcome.semantic == "used", outcome.semantic
+                ok = bench.retained(base, outcome.recalled.spans, q.evidence)
+                bench._add(rows, f"embed w{w} {label}", q.category, ok, decision)
+    return rows
+
+
+async def latency(
+    bench: Any, store: SqliteStore, conversations: list[Any], questions: list[Any], rounds: int
+) -> list[tuple[int, float, float, float, float, float]]:
+    """Per request: the semantic step alone (p50/p99) and the whole recall step with it."""
+    service, embeddings = services(store)
+    out = []
+    for turns in (100, 1000, 5000):
+        ref = SessionRef("bench", f"semantic-latency-{turns}")
+        stored = [bench.message_in(m) for m in bench.session_of(conversations, turns)]
+        await store.record_exchange(ref, stored, None, bench.record(f"sl{turns}"))
+        await embed_stored(embeddings, store, [ref], [stored])
+        spec = RecallSpec(share=0.7, neighbors=bench.NEIGHBORS, embeddings="wordllama")
+        semantic: list[float] = []
+        whole: list[float] = []
+        for r in range(rounds + 20):
+            ask = bench.message_in({"role": "user", "content": questions[r % len(questions)].text})
+            conv_in = [*stored, ask]
+            conversation = [m.message for m in conv_in]
+            hashes = [m.content_hash for m in conv_in]
+            counts, count = bench.counting(conv_in)
+            limit = 4000
+            held = reserve(spec, limit)
+            base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
+            _, outcome = await service.apply(
+                policy="bench",
+                spec=spec,
+                budget=held,
+                ref=ref,
+                conversation=conversation,
+                hashes=hashes,
+                decision=base,
+                count=count,
+                sizes=counts,
+            )
+            if r >= 20:  # warm-up excluded (the first read loads the session's vectors)
+                semantic.append(outcome.semantic_ms)
+                whole.append(outcome.ms)
+        semantic.sort()
+        whole.sort()
+
+        def p99(xs: list[float]) -> float:
+            return xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+
+        out.append(
+            (
+                turns,
+                semantic[len(semantic) // 2],
+                p99(semantic),
+                statistics.mean(semantic),
+                whole[len(whole) // 2],
+                p99(whole),
+            )
+        )
+    return out
+
+
+def print_latency(rows: list[tuple[int, float, float, float, float, float]]) -> None:
+    print("\n== time the semantic step adds per request (share 0.7 of a 4000-token trim budget)")
+    print(
+        f"{'stored turns':>13} {'sem p50':>8} {'sem p99':>8} {'sem mean':>8}"
+        f" {'recall p50':>10} {'recall p99':>10}"
+    )
+    for turns, p50, p99, mean, w50, w99 in rows:
+        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {w50:10.3f} {w99:10.3f}")
+    print(
+        "(ms, wall clock; sem: embed the query, read new vectors, cosine, fuse; recall: the whole"
+        f" step with it; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
