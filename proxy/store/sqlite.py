@@ -248,6 +248,7 @@ class SqliteStore:
             return
         result = future.result()
         if result is not None:
+            self._summaries.written(session, result.session_id)
             ids = [*result.item_ids, *([] if result.reply_id is None else [result.reply_id])]
             self._chains.committed(session, result.session_id, content, paths, ids)
 
@@ -349,7 +350,9 @@ class SqliteStore:
             jobs.record_response, session, list(conversation), list(output), response, request
         )
         # The client gets its answer after this commit: no linger.
-        return await self._write(job, urgent=True)
+        result: ExchangeResult = await self._write(job, urgent=True)
+        self._summaries.written(session, result.session_id)
+        return result
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
         rows = await self._fetch(_RESPONSE, (tenant, response_id))
@@ -397,11 +400,22 @@ class SqliteStore:
         rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))
         return [summary_from_row(row) for row in rows]
 
+    async def _session_summaries(
+        self, session: SessionRef
+    ) -> tuple[int | None, list[StoredSummary]]:
+        """The session's id (None: none) and its summaries: what the memo keeps."""
+        rows = await self._fetch(
+            "SELECT id FROM sessions WHERE tenant = ? AND key = ?", (session.tenant, session.key)
+        )
+        if not rows:
+            return None, []
+        return int(rows[0][0]), await self.summaries(session)
+
     async def summaries_for(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
     ) -> list[StoredSummary]:
         # Memoized per session (proxy/store/summary_memo.py): no read while nothing changed.
-        found = await self._summaries.summaries(session, lambda: self.summaries(session))
+        found = await self._summaries.summaries(session, lambda: self._session_summaries(session))
         if not found:
             return []
         ids = sqlite_summaries.covering(

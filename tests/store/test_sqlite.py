@@ -337,12 +337,30 @@ async def test_summaries_are_read_once_per_session_until_a_write_changes_them(
     reads = counting_reads(store, monkeypatch)
     assert await store.summaries_for(ALICE, paths) == []
     assert await store.summaries_for(ALICE, paths) == []
-    assert len(reads) == 1  # none found is remembered too: no read for a request needing none
+    first = len(reads)  # none found is remembered too: no read for a request needing none
     saved = await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
     assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
     assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
-    assert len(reads) == 2
+    assert len(reads) == 2 * first
     assert await store.delete_session(ALICE)
+    assert await store.summaries_for(ALICE, paths) == []
+
+
+async def test_a_session_another_process_deleted_loses_its_memoized_summaries_at_the_next_write(
+    store: SqliteStore, db_path: Path
+) -> None:
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    paths = chain_path_hashes([SYSTEM.content_hash, U1.content_hash, A1.content_hash])
+    await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
+    assert len(await store.summaries_for(ALICE, paths)) == 1
+    other = SqliteStore(db_path)  # `python -m proxy sessions delete` while the proxy runs
+    await other.open()
+    try:
+        assert await other.delete_session(ALICE)
+    finally:
+        await other.close()
+    # The session made again by the next exchange: another id, so the memo is dropped.
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
     assert await store.summaries_for(ALICE, paths) == []
 
 
