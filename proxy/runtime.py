@@ -11,14 +11,15 @@ from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.recall import RecallService
 from proxy.context.rewriter import Rewriter
-from proxy.context.stable_prefix import StablePrefixes
+from proxy.context.stable_prefix import KEY_BYTES, StablePrefixes
 from proxy.context.summaries import SummaryService
+from proxy.context.tokens import set_count_budget
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
 from proxy.coordination.local import LocalCoordinator
 from proxy.http.routing import Router
 from proxy.store.backends import StoreSpec, build_store
-from proxy.store.base import Store
+from proxy.store.base import CacheBudget, Store
 from proxy.store.search_backends import recall_index_for, vector_index_for
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.base import Upstream
@@ -69,6 +70,7 @@ def build_store_for(config: Config) -> Store:
             schema=store.schema,
             ttl_s=config.session.ttl_s,
             key_prefix=store.key_prefix,
+            caches=CacheBudget(config.cache.max_bytes),
         )
     )
 
@@ -106,6 +108,11 @@ class Runtime:
     _pinned: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # cache.max_bytes, shared out (proxy.store.base.CacheBudget); the store took its shares.
+        budget = CacheBudget(self.config.cache.max_bytes)
+        self.messages.max_bytes = budget.messages
+        self.prefixes.max_keys = max(1, budget.prefixes // KEY_BYTES)
+        set_count_budget(budget.counts)
         self.router = Router(self.config)
         self.rewriter = Rewriter(self.config.policies, self.calibration.factor)
         self.calibration.register(self.metrics.registry)
@@ -177,7 +184,7 @@ class Runtime:
         """
         restart = [
             s
-            for s in ("server", "store", "coordination")
+            for s in ("server", "store", "coordination", "cache")
             if getattr(config, s) != getattr(self.config, s)
         ]
         config = replace(
@@ -185,6 +192,7 @@ class Runtime:
             server=self.config.server,
             store=self.config.store,
             coordination=self.config.coordination,
+            cache=self.config.cache,
         )
         upstreams: dict[str, Upstream] = {}
         for name, upstream_config in config.upstreams.items():

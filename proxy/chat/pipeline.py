@@ -38,9 +38,15 @@ from proxy.http.sessions import (
     session_key,
     session_ref,
 )
-from proxy.http.shape import check_chat, check_chat_history, valid_reply
+from proxy.http.shape import (
+    check_chat,
+    check_chat_envelope,
+    check_chat_history,
+    check_chat_message,
+    valid_reply,
+)
 from proxy.runtime import Runtime
-from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef
+from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef, StoredItem
 from proxy.telemetry.cache_usage import cache_usage
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
@@ -125,7 +131,7 @@ class ChatExchange:
         self.raw = await read_body(
             self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
         )
-        body = parse_object(self.raw)
+        body = parse_object(self.raw, deferred="messages")
         await self.plan(body)
         return await self._send(body)
 
@@ -135,7 +141,7 @@ class ChatExchange:
         The preview endpoint runs exactly this, with ``lock=False`` (read-only).
         """
         rt = self.rt
-        messages = validate_messages(body)
+        messages = check_chat_envelope(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a string.", param="model")
@@ -144,28 +150,53 @@ class ChatExchange:
         self.route = rt.router.match(self.endpoint, model, self.headers)
         self.key = session_key(rt.config.session, self.headers, body)
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
+        server_history = self.route.history == "server" and self.ref is not None
+        # What the session's message cache knows of a client-held history: a
+        # message it holds is the JSON of one checked, hashed and counted before.
+        lookup = (
+            rt.messages.lookup(self.ref, messages)
+            if self.ref is not None and not server_history
+            else None
+        )
+        found = lookup.found if lookup is not None else None
+        for i, message in enumerate(messages):
+            if found is None or found[i] is None:
+                check_chat_message(message, i)
 
         self.conversation = messages
         left_out: list[int] = []
-        if self.route.history == "server" and self.ref is not None:
+        stored: list[StoredItem] = []
+        if server_history and self.ref is not None:
             if lock:
                 # Serialise the session: the next request must see this one's reply.
                 self.fence = await rt.locks.acquire(self.ref)
                 self.locked = True
             started = time.perf_counter()
-            stored = await rt.store.history(self.ref)
+            # Shared: the cached chain's own objects, only read here.
+            stored = await rt.store.history(self.ref, shared=True)
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
             left_out = check_chat_history(stored, self.ref.key)
             self.conversation = [item.message for item in stored] + messages
 
+        counter = counter_for(model)
         if len(self.raw) >= LONG_TEXT or self.conversation is not messages:
             # Long texts are counted in a worker thread first: no stall for the others.
-            await counter_for(model).precount(self.conversation)
+            # Messages the cache holds are counted already.
+            todo = (
+                self.conversation
+                if found is None
+                else [m for m, known in zip(messages, found, strict=True) if known is None]
+            )
+            if stored:
+                todo = messages
+            await counter.precount(todo)
         counts: list[int] | None = None
         if self.ref is not None:
             # Each message's identity in the store (and the token cache's key) and
             # its token count; what the session sent before is not done again.
-            self.stored = rt.messages.messages(self.ref, self.conversation, counter_for(model))
+            self.stored = rt.messages.messages(
+                self.ref, self.conversation, counter, items=stored, lookup=lookup
+            )
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]
             if left_out:

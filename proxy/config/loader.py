@@ -11,6 +11,7 @@ written twice in one mapping is an error.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from proxy.config.model import (
     CacheConfig,
     Config,
     LoggingConfig,
+    MemoryConfig,
     RouteConfig,
     RouteMatch,
     ServerConfig,
@@ -306,6 +308,7 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
             "policies",
             "logging",
             "admin",
+            "cache",
         },
     )
     if root is None:
@@ -344,9 +347,10 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
     server = section(lambda: _server(root.child("server", SERVER_KEYS), base_dir))
     session = section(lambda: _session(root.child("session", SESSION_KEYS)))
     admin = section(lambda: _admin(root.child("admin", {"api_key"})))
+    cache = section(lambda: _memory(root.child("cache", {"max_bytes"})))
     if routes is None or logging is None or store is None or server is None:
         return None
-    if session is None or admin is None or coordination is None:
+    if session is None or admin is None or coordination is None or cache is None:
         return None
     return Config(
         upstreams=upstreams,
@@ -358,8 +362,50 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
         coordination=coordination,
         logging=logging,
         admin=admin,
+        cache=cache,
         source=source,
     )
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+# Below this the caches could not hold one long session: surely a mistake.
+MIN_CACHE_BYTES = 2**20
+
+
+def byte_size(node: Node, key: str, default: int, minimum: int) -> int:
+    """A size in bytes: an integer, or a number with a unit (``256MiB``, ``1.5GB``, ``512KiB``)."""
+    if not node.has(key):
+        return default
+    value = node.raw(key)
+    size: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str):
+        found = _SIZE.fullmatch(value.strip())
+        if found is not None:
+            unit = (found.group(2) or "b").lower()
+            size = int(float(found.group(1)) * _SIZE_UNITS[unit])
+    if size is None:
+        node.bad(key, f"must be a size like 256MiB, 1GB or a number of bytes, got {show(value)}")
+        return default
+    if size < minimum:
+        node.bad(key, f"must be at least {minimum} bytes (1MiB), got {show(value)}")
+        return default
+    return size
+
+
+def _memory(node: Node) -> MemoryConfig:
+    d = MemoryConfig()
+    return MemoryConfig(max_bytes=byte_size(node, "max_bytes", d.max_bytes, MIN_CACHE_BYTES))
 
 
 def _logging(log: Node) -> LoggingConfig:

@@ -140,6 +140,17 @@ class LoggingConfig:
     format: Literal["auto", "json", "console"] = "auto"
 
 
+# What the in-memory caches may hold in all, by default (``cache.max_bytes``).
+DEFAULT_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The ``cache`` section: one budget for every in-memory cache (see proxy/context/budget.py)."""
+
+    max_bytes: int = DEFAULT_CACHE_BYTES
+
+
 @dataclass(frozen=True)
 class AdminConfig:
     # None: the admin API is disabled (every /admin call is a 401).
@@ -157,4 +168,5 @@ class Config:
     coordination: CoordinationConfig = CoordinationConfig()
     logging: LoggingConfig = LoggingConfig()
     admin: AdminConfig = AdminConfig()
+    cache: MemoryConfig = MemoryConfig()
     source: str | None = None

@@ -180,6 +180,20 @@ LOGGING = obj(
     },
 )
 
+CACHE = obj(
+    "The in-memory caches (per-session messages, chains, histories, token counts): one budget.",
+    {
+        "max_bytes": {
+            "description": "What all of them may hold, estimated: bytes, or a size like"
+            " 256MiB or 1GB (default 256MiB; at least 1MiB).",
+            "anyOf": [
+                {"type": "integer", "minimum": 2**20},
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([KkMmGg][Ii]?[Bb]|[Bb])?\s*$"},
+            ],
+        },
+    },
+)
+
 UPSTREAM = obj(
     "An OpenAI-compatible API (base_url) or any provider litellm translates (litellm_model).",
     {
@@ -384,6 +398,7 @@ def config_schema() -> Schema:
                 },
                 "logging": LOGGING,
                 "admin": ADMIN,
+                "cache": CACHE,
             },
             required=["upstreams", "routes"],
         ),

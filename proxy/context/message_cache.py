@@ -4,22 +4,33 @@ A client resends its whole history on every call. Hashing every message
 (its canonical JSON, then blake2b) and counting its tokens again was most
 of what a session cost per request, and grew with the history. This cache
 keeps, per session, the :class:`MessageIn` (content hash, role, token count)
-of each message the session sent last time, with the message's JSON as the
-client sent it (orjson, no key sorting). Serialising is several times
-cheaper than hashing the canonical form, and comparing bytes is exact:
-``1``, ``1.0`` and ``true`` serialise differently, so an edited message is
-never taken for the old one.
+of each message the session sent last time, with an exact key for each:
+
+- a message whose values are all strings (or null), the usual chat
+  message, is keyed by its items as a tuple, sharing the strings of the
+  message kept; comparing compares the strings byte for byte, in C;
+- any other message by its JSON as the client sent it (orjson, no key
+  sorting), copied to an exact-size buffer (orjson's own is allocated
+  several times larger than the JSON). ``1``, ``1.0`` and ``true``
+  serialise differently, so an edited message is never taken for the old one;
+- an item a ``history: server`` session replays from the store by its item
+  id (items are never rewritten and ids never reused).
+
+A key order that differs is a miss, as a differing JSON would be.
 
 Messages are compared position by position first (a client appending to its
-history matches all the way, without hashing any bytes); once they differ
+history matches all the way in one list comparison); once they differ
 while older messages remain (an edit, or a client dropping old turns
-itself), the rest are looked up by content among the remaining ones.
+itself), the rest are looked up by key among the remaining ones. A message
+found is returned as the object kept (the equal message first parsed), so
+the copy just parsed is not kept as well.
 
 A pure memo: every value returned is what ``content_hash`` and the token
-counter give for that message (a reused ``MessageIn`` holds the equal
-message first parsed, serialising to the same bytes). Bounded by sessions
-and by the bytes of JSON held; the parsed messages they stand for take
-about twice as much again.
+counter give for that message; a stored item's count is taken from the
+store when the counter has none cached (it was counted when stored).
+Bounded by sessions and by an estimate of the bytes held (the strings of
+the messages, their keys and the objects around them): see
+:func:`message_bytes`.
 """
 
 from __future__ import annotations
@@ -33,20 +44,69 @@ import orjson
 
 from proxy.context.tokens import TokenCounter
 from proxy.http.sessions import content_hash
-from proxy.store.base import MessageIn, SessionRef
+from proxy.store.base import MessageIn, SessionRef, StoredItem
+
+# What holding one message costs besides its text (the dict, the MessageIn,
+# the content hash string, the key, its token count cached), measured with
+# tracemalloc on CPython 3.11; a message with nested values (tool calls,
+# content parts) holds more objects.
+PER_MESSAGE = 720
+PER_NESTED = 1100
+# A message replayed from the store (keyed by item id): the MessageIn and its slot.
+PER_ITEM = 200
+
+Key = tuple[tuple[str, Any], ...] | bytes | int
 
 
 class _Entry(NamedTuple):
     # What the counts are for: the counter's encoding and scale.
     how: tuple[str, float]
-    # Each message's JSON as sent, and what it became.
-    dumped: list[bytes]
+    keys: list[Key | None]
     stored: list[MessageIn]
     size: int
 
 
+class Lookup(NamedTuple):
+    """What the cache knows of a list of messages (see :meth:`MessageCache.lookup`)."""
+
+    keys: list[Key | None]
+    # The message as stored before, or None where nothing is known.
+    found: list[MessageIn | None]
+    how: tuple[str, float] | None
+    # The session's whole last list was resent first: its bytes, and its length
+    # (only what follows is sized anew). -1: it was not.
+    base: int = -1
+    matched: int = 0
+
+
+def message_key(message: dict[str, Any]) -> tuple[tuple[str, Any], ...] | bytes | None:
+    """An exact key for a message (None: not plain JSON after all)."""
+    for value in message.values():
+        if value is not None and type(value) is not str:
+            break
+    else:
+        return tuple(message.items())
+    try:
+        # An exact-size copy: orjson's buffer is several times the JSON's size.
+        return bytes(memoryview(orjson.dumps(message)))
+    except TypeError:  # orjson's JSONEncodeError: e.g. an integer over 64 bits
+        return None
+
+
+def message_bytes(key: Key | None, message: MessageIn) -> int:
+    """The bytes holding ``message`` and its key is estimated to take."""
+    if isinstance(key, tuple):
+        text = sum(len(v) for _, v in key if v is not None)
+        return text + PER_MESSAGE
+    if isinstance(key, bytes):
+        # The JSON copy, and the parsed message about as large.
+        return 2 * len(key) + PER_NESTED
+    # A stored item's: the message is the store's history cache's (shared), not counted twice.
+    return PER_ITEM
+
+
 class MessageCache:
-    def __init__(self, max_sessions: int = 1024, max_bytes: int = 32 * 2**20) -> None:
+    def __init__(self, max_sessions: int = 4096, max_bytes: int = 128 * 2**20) -> None:
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
@@ -58,66 +118,115 @@ class MessageCache:
 
     @property
     def size(self) -> int:
-        """Bytes of message JSON held."""
+        """Bytes held (estimated: see :func:`message_bytes`)."""
         return self._bytes
 
+    def lookup(
+        self,
+        ref: SessionRef,
+        messages: Sequence[dict[str, Any]],
+        items: Sequence[StoredItem] = (),
+    ) -> Lookup:
+        """What is known of ``messages`` (the first ``len(items)`` being those stored items)."""
+        keys: list[Key | None] = [item.id for item in items]
+        keys.extend(message_key(m) for m in messages[len(items) :])
+        entry = self._sessions.get((ref.tenant, ref.key))
+        if entry is None:
+            return Lookup(keys, [None] * len(keys), None)
+        found = _known(keys, entry)
+        n = len(entry.keys)
+        if len(keys) >= n and keys[:n] == entry.keys and None not in entry.keys:
+            return Lookup(keys, found, entry.how, entry.size, n)
+        return Lookup(keys, found, entry.how)
+
     def messages(
-        self, ref: SessionRef, messages: Sequence[dict[str, Any]], counter: TokenCounter
+        self,
+        ref: SessionRef,
+        messages: Sequence[dict[str, Any]],
+        counter: TokenCounter,
+        *,
+        items: Sequence[StoredItem] = (),
+        lookup: Lookup | None = None,
     ) -> list[MessageIn]:
-        """Each message as the store takes it, counted by ``counter``; remembered for next time."""
-        try:
-            dumped = [orjson.dumps(m) for m in messages]
-        except TypeError:  # orjson's JSONEncodeError: not plain JSON after all
-            return [_message_in(m, content_hash(m), counter) for m in messages]
+        """Each message as the store takes it, counted by ``counter``; remembered for next time.
+
+        ``items``: the stored items the first messages are (``history: server``);
+        ``lookup``: this call's :meth:`lookup`, when the caller made it first.
+        """
+        if lookup is None:
+            lookup = self.lookup(ref, messages, items)
         how = (counter.encoding_name, counter.scale)
-        key = (ref.tenant, ref.key)
-        entry = self._sessions.pop(key, None)
-        out: list[MessageIn] = []
-        if entry is not None:
-            self._bytes -= entry.size
-            out = _known(dumped, entry)
-            if entry.how != how:
-                # Another model's tokenizer: the hashes hold, the counts do not.
-                out = [_recount(m, counter) if m is not None else m for m in out]
-        if len(out) < len(dumped) or None in out:
+        found = lookup.found
+        if lookup.how is not None and lookup.how != how:
+            # Another model's tokenizer: the hashes hold, the counts do not.
+            found = [_recount(m, counter) if m is not None else m for m in found]
+        out: list[MessageIn]
+        if None in found:
+            n = len(items)
             out = [
-                _message_in(message, content_hash(message), counter) if m is None else m
-                for m, message in zip(_padded(out, len(dumped)), messages, strict=True)
+                m
+                if m is not None
+                else _from_item(items[i], counter)
+                if i < n
+                else _message_in(messages[i], counter)
+                for i, m in enumerate(found)
             ]
-        size = sum(map(len, dumped))
-        if size <= self.max_bytes:
-            self._sessions[key] = _Entry(how, dumped, out, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes or len(self._sessions) > self.max_sessions:
-                _, dropped = self._sessions.popitem(last=False)
-                self._bytes -= dropped.size
+        else:
+            out = found  # type: ignore[assignment]  # no None in it
+        self._remember(ref, how, lookup, out)
         return out
 
+    def _remember(
+        self, ref: SessionRef, how: tuple[str, float], lookup: Lookup, out: list[MessageIn]
+    ) -> None:
+        slot = (ref.tenant, ref.key)
+        old = self._sessions.pop(slot, None)
+        if old is not None:
+            self._bytes -= old.size
+        keys = lookup.keys
+        if lookup.base >= 0 and old is not None and old.size == lookup.base:
+            # The list as kept, then what is new: only the new messages are sized.
+            n = lookup.matched
+            size = lookup.base + sum(map(message_bytes, keys[n:], out[n:]))
+        else:
+            size = sum(map(message_bytes, keys, out))
+        if size > self.max_bytes:
+            return
+        self._sessions[slot] = _Entry(how, keys, out, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes or len(self._sessions) > self.max_sessions:
+            _, dropped = self._sessions.popitem(last=False)
+            self._bytes -= dropped.size
 
-def _known(dumped: list[bytes], entry: _Entry) -> list[Any]:
+    def forget(self, ref: SessionRef) -> None:
+        old = self._sessions.pop((ref.tenant, ref.key), None)
+        if old is not None:
+            self._bytes -= old.size
+
+
+def _known(keys: list[Key | None], entry: _Entry) -> list[MessageIn | None]:
     """What ``entry`` knows of each message (None where nothing), in order.
 
-    Position by position while the JSON is the same, then, if older messages
-    remain, by content among those.
+    Position by position while the keys are the same, then, if older messages
+    remain, by key among those.
     """
-    old, stored = entry.dumped, entry.stored
-    if dumped[: len(old)] == old:  # the history resent as it was: one comparison in C
+    old, stored = entry.keys, entry.stored
+    if keys[: len(old)] == old and None not in old:  # the history resent: one comparison in C
         same = len(old)
     else:
         same = 0
-        for new, previous in zip(dumped, old, strict=False):
-            if new != previous:
+        for new, previous in zip(keys, old, strict=False):
+            if new is None or new != previous:
                 break
             same += 1
-    out: list[Any] = stored[:same]
-    if same < len(dumped) and same < len(old):
-        rest = dict(zip(old[same:], stored[same:], strict=True))
-        out.extend(rest.get(data) for data in dumped[same:])
+    out: list[MessageIn | None] = list(stored[:same])
+    if same < len(keys):
+        if same < len(old):
+            rest = {k: m for k, m in zip(old[same:], stored[same:], strict=True) if k is not None}
+            out.extend(rest.get(k) if k is not None else None for k in keys[same:])
+        else:
+            out.extend([None] * (len(keys) - same))
     return out
-
-
-def _padded(found: list[Any], n: int) -> list[Any]:
-    return found + [None] * (n - len(found)) if len(found) < n else found
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
@@ -125,10 +234,23 @@ def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
     return dataclasses.replace(message, token_count=count)
 
 
-def _message_in(message: dict[str, Any], key: str, counter: TokenCounter) -> MessageIn:
+def _message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
+    key = content_hash(message)
     return MessageIn(
         message=message,
         content_hash=key,
         role=str(message["role"]),
         token_count=counter.count_message(message, key),
+    )
+
+
+def _from_item(item: StoredItem, counter: TokenCounter) -> MessageIn:
+    """A stored item as the store takes it: its hash as stored; its count as cached, else stored."""
+    count = counter.cached_count(item.content_hash)
+    if count is None:
+        count = item.token_count
+    if count is None:
+        count = counter.count_message(item.message, item.content_hash)
+    return MessageIn(
+        message=item.message, content_hash=item.content_hash, role=item.role, token_count=count
     )

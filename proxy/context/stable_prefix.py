@@ -85,12 +85,19 @@ def common_prefix(previous: Sequence[str], current: Sequence[str]) -> int:
     return same
 
 
+# A key held: a list slot and, now and then, a hash string of its own (most are
+# the conversation's own strings, shared).
+KEY_BYTES = 16
+
+
 class StablePrefixes:
     """Each session's last forwarded list (as content hashes), bounded by sessions and keys."""
 
-    def __init__(self, max_sessions: int = 4096, max_keys: int = 2_000_000) -> None:
+    def __init__(
+        self, max_sessions: int = 4096, max_keys: int = 2_000_000, max_bytes: int | None = None
+    ) -> None:
         self.max_sessions = max_sessions
-        self.max_keys = max_keys
+        self.max_keys = max_keys if max_bytes is None else max(1, max_bytes // KEY_BYTES)
         self._last: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
         self._keys = 0
 

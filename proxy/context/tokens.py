@@ -56,6 +56,10 @@ class TokenCounter(Protocol):
 
     def count_message(self, message: Mapping[str, Any], key: Hashable | None = None) -> int: ...
 
+    def cached_count(self, key: Hashable) -> int | None:
+        """The count of the content ``key`` names when it is cached (no tokenizing)."""
+        ...
+
     def count_messages(self, messages: Iterable[Mapping[str, Any]]) -> int: ...
 
     def count_tools(self, tools: list[Any] | None) -> int: ...
@@ -143,6 +147,21 @@ class CountCache:
 
 
 _CACHES: dict[str, CountCache] = {}
+
+# What one cached count holds: its key (a content hash string, or a tuple of
+# two ints), the int and the ordered dict's entry.
+COUNT_BYTES = 200
+
+
+def set_count_budget(max_bytes: int) -> None:
+    """Bound the process's count caches (every encoding's together) to ``max_bytes``."""
+    each = max(1, max_bytes // COUNT_BYTES // len(SUPPORTED_ENCODINGS))
+    for name in SUPPORTED_ENCODINGS:
+        cache = _CACHES.setdefault(name, CountCache(each))
+        cache.maxsize = each
+        while len(cache._data) > each:
+            cache._data.popitem(last=False)
+
 
 # Texts this long are counted in pieces, and before the request's counting, in a
 # worker thread (TiktokenCounter.precount). BPE over one pre-token (a long run
@@ -238,6 +257,10 @@ class TiktokenCounter:
 
     def count_messages(self, messages: Iterable[Mapping[str, Any]]) -> int:
         return sum(self.count_message(m) for m in messages)
+
+    def cached_count(self, key: Hashable) -> int | None:
+        raw = self._cache.get(key)
+        return None if raw is None else self._scaled(raw)
 
     def raw_message(self, message: Mapping[str, Any], key: Hashable | None = None) -> int:
         """The unscaled count, from the cache when this content was counted before.

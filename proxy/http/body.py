@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
-from proxy.http.shape import check_depth
+from proxy.http.shape import MAX_DEPTH, check_depth
 
 # Client headers never forwarded: they describe this hop, or belong to us.
 _NOT_FORWARDED = frozenset(
@@ -96,7 +96,8 @@ async def _drain(request: Request, budget: int, idle_timeout_s: float) -> None:
         return
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
+def parse_object(raw: bytes, *, deferred: str | None = None) -> dict[str, Any]:
+    """The body's JSON object, its depth checked (``deferred``: see ``check_depth``)."""
     if not raw:
         raise InvalidRequest("The request body is empty; a JSON object is required.")
     try:
@@ -105,7 +106,11 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    check_depth(data, raw.count(b"[") + raw.count(b"{"))
+    if deferred is not None and isinstance(data.get(deferred), list):
+        # The rest of the body is walked whole (cheap: the big list is not in it).
+        check_depth(data, MAX_DEPTH + 1, deferred=deferred)
+    else:
+        check_depth(data, raw.count(b"[") + raw.count(b"{"))
     return data
 
 

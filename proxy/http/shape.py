@@ -37,16 +37,34 @@ def shown(value: object, limit: int = MAX_ECHO) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
 
 
-def check_depth(data: object, brackets: int) -> None:
+def check_depth(data: object, brackets: int, *, deferred: str | None = None) -> None:
     """Refuse ``data`` nested deeper than MAX_DEPTH.
 
     ``brackets``: how many ``[`` and ``{`` the raw body holds (counted in C);
     with no more than MAX_DEPTH of them the body cannot be too deep, so the
-    usual body is not walked at all.
+    usual body is not walked at all. ``deferred``: a top-level key whose
+    elements the caller checks itself, one by one (:func:`check_element_depth`):
+    the chat pipeline checks only the messages its cache does not hold.
     """
     if brackets <= MAX_DEPTH:
         return
-    stack: list[tuple[object, int]] = [(data, 1)]
+    if deferred is not None and isinstance(data, dict):
+        # The deferred list sits at depth 2, its elements at 3: checked by the caller.
+        for key, value in data.items():
+            if key != deferred and isinstance(value, (dict, list)):
+                _walk(value, 2)
+        return
+    _walk(data, 1)
+
+
+def check_element_depth(element: object) -> None:
+    """An element of the body's deferred list (see :func:`check_depth`): at depth 3."""
+    if isinstance(element, (dict, list)):
+        _walk(element, 3)
+
+
+def _walk(data: object, start: int) -> None:
+    stack: list[tuple[object, int]] = [(data, start)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -106,6 +124,25 @@ def _common(body: Mapping[str, Any]) -> None:
 
 def check_chat(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A chat completions body's shape; returns its messages."""
+    messages = check_chat_envelope(body)
+    for i, message in enumerate(messages):
+        _message(message, i)
+    return messages
+
+
+def check_chat_message(message: dict[str, Any], index: int) -> None:
+    """One message of ``messages`` (at ``index``): what :func:`check_chat` checks of each,
+    and its depth when the body was parsed with ``deferred="messages"``."""
+    check_element_depth(message)
+    _message(message, index)
+
+
+def check_chat_envelope(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A chat completions body's shape but each message's own fields; returns its messages.
+
+    The pipeline checks each message with :func:`check_chat_message`, except
+    those its message cache holds (the same JSON as a message checked before).
+    """
     _common(body)
     _objects(body, "functions")
     _optional(body, "function_call", (str, dict), "a string or an object")
@@ -119,7 +156,6 @@ def check_chat(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _bad(f"messages[{i}]", f"must be an object; got {shown(message)}.")
-        _message(message, i)
     return messages
 
 

@@ -25,7 +25,14 @@ from proxy.ops.timeline import (
     request_chain,
     token_split,
 )
-from proxy.store.base import SessionInfo, SessionRef, Store, StoredItem, StoredSummary
+from proxy.store.base import (
+    SessionInfo,
+    SessionRef,
+    Store,
+    StoredItem,
+    StoredSummary,
+    positions,
+)
 
 DEFAULT_PAGE = 50
 
@@ -103,20 +110,34 @@ def summarized_positions(row: Mapping[str, Any]) -> list[int]:
     if not isinstance(covers, int) or not isinstance(count, int) or count <= 0:
         return []
     repaired = set(detail.get("repaired", []))
-    before = sorted(i for i in row["dropped_indexes"] if i < covers and i not in repaired)
+    dropped = positions(row["dropped_spans"])
+    before = [i for i in dropped if i < covers and i not in repaired]
     return before[-count:]
 
 
-def summarized_item_ids(row: Mapping[str, Any]) -> list[int]:
+def chain_ids(chain: Sequence[StoredItem] | None, at: Sequence[int]) -> list[int]:
+    """The ids of the request chain's items at positions ``at`` (none without a chain:
+    a failed call stores no messages, a forked branch is not the current one)."""
+    if chain is None:
+        return []
+    return [chain[i].id for i in at if 0 <= i < len(chain)]
+
+
+def dropped_ids(row: Mapping[str, Any], chain: Sequence[StoredItem] | None) -> list[int]:
+    """The stored items the request left out (rows keep positions, as spans)."""
+    return chain_ids(chain, positions(row["dropped_spans"])) if chain is not None else []
+
+
+def summarized_item_ids(
+    row: Mapping[str, Any], chain: Sequence[StoredItem] | None = None
+) -> list[int]:
     """The stored items the request's summary stood in for (none when nothing was stored)."""
-    indexes, ids = row["dropped_indexes"], row["dropped_item_ids"]
-    if len(indexes) != len(ids):
-        return []  # a failed call stores no messages: positions have no items
-    item_of = dict(zip(indexes, ids, strict=True))
-    return [item_of[i] for i in summarized_positions(row)]
+    return chain_ids(chain, summarized_positions(row))
 
 
-def summarized_view(row: Mapping[str, Any]) -> dict[str, Any] | None:
+def summarized_view(
+    row: Mapping[str, Any], chain: Sequence[StoredItem] | None = None
+) -> dict[str, Any] | None:
     """What the request did with a summary (None: its policy does not summarize).
 
     ``status`` is the ``X-Context-Summary`` header's value; the other fields
@@ -137,7 +158,7 @@ def summarized_view(row: Mapping[str, Any]) -> dict[str, Any] | None:
         "facts": summary.get("facts"),
         "placement": summary.get("placement"),
         "indexes": summarized_positions(row),
-        "item_ids": summarized_item_ids(row),
+        "item_ids": summarized_item_ids(row, chain),
     }
 
 
@@ -175,7 +196,7 @@ def request_view(
     per-message counts and the recalled turns their item ids.
     """
     detail: Mapping[str, Any] = row.get("detail") or {}
-    summarized = summarized_view(row)
+    summarized = summarized_view(row, chain)
     split = token_split(
         row,
         chain,
@@ -209,8 +230,11 @@ def request_view(
             "reason": row["reason"],
             "turns": row["turns_dropped"],
             "messages": row["messages_dropped"],
-            "item_ids": row["dropped_item_ids"],
-            "indexes": row["dropped_indexes"],
+            # Positions in the conversation as received: as stored (half-open ranges),
+            # and expanded, with the items they name (the row's chain, when known).
+            "spans": row["dropped_spans"],
+            "indexes": positions(row["dropped_spans"]),
+            "item_ids": dropped_ids(row, chain),
             "repaired": detail.get("repaired", []),
         },
         "clipped": detail.get("clipped", []),
@@ -272,19 +296,21 @@ async def session_detail(
     first_dropped_by: dict[int, str] = {}
     first_summarized_by: dict[int, str] = {}
     used_by: dict[int, list[str]] = {}
-    for row in rows:
-        for item_id in row["dropped_item_ids"]:
+    position_of = {item.id: i for i, item in enumerate(history)}
+    # Rows keep positions: the items they name are their chain's (on the current branch).
+    chains = [request_chain(row, history, position_of) for row in rows]
+    for row, chain in zip(rows, chains, strict=True):
+        for item_id in dropped_ids(row, chain):
             first_dropped_by.setdefault(item_id, row["id"])
-        for item_id in summarized_item_ids(row):
+        for item_id in summarized_item_ids(row, chain):
             first_summarized_by.setdefault(item_id, row["id"])
-        summarized = summarized_view(row)
+        summarized = summarized_view(row, chain)
         if summarized is not None and isinstance(summarized["summary_id"], int):
             used_by.setdefault(summarized["summary_id"], []).append(row["id"])
-    stored = [r for r in rows if r["last_item_id"] is not None]
-    dropped_last = set(stored[-1]["dropped_item_ids"]) if stored else set()
+    stored = [(r, c) for r, c in zip(rows, chains, strict=True) if r["last_item_id"] is not None]
+    dropped_last = set(dropped_ids(*stored[-1])) if stored else set()
     models = {r["model"] for r in rows if r["model"]}
     branch = {item.id for item in history}
-    position_of = {item.id: i for i, item in enumerate(history)}
     return {
         "object": "session",
         **session_view(info, history),
@@ -293,7 +319,7 @@ async def session_detail(
         ],
         # Views over the stored chain, oldest first.
         "summaries": [summary_view(s, branch, used_by) for s in await store.summaries(ref)],
-        "requests": [request_view(r, request_chain(r, history, position_of)) for r in rows],
+        "requests": [request_view(r, c) for r, c in zip(rows, chains, strict=True)],
         # Cached ÷ prompt tokens, as the upstream reported them: in total and per policy.
         "cache": cache_summary(rows),
         "calibration": []

@@ -92,7 +92,7 @@ async def context_preview(request: Request) -> Response:
         raw = await read_body(
             request, rt.config.server.max_body_bytes, rt.config.server.body_timeout_s
         )
-        body = parse_object(raw)
+        body = parse_object(raw, deferred="messages")
         exchange = _exchange(rt, request, body)
         exchange.raw = raw
         decision = await exchange.plan(body, lock=False)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.store.base import StoredItem
+from proxy.store.base import StoredItem, positions
 
 # Fates, in the order the viewer's legend lists them.
 KEPT, CLIPPED, MASKED, SUMMARIZED, RECALLED, DROPPED = (
@@ -208,7 +208,7 @@ def fates(
     detail: Mapping[str, Any] = row.get("detail") or {}
     out: dict[int, tuple[str, str | None]] = {}
     repaired = set(detail.get("repaired", []))
-    for index in row.get("dropped_indexes", []):
+    for index in positions(row.get("dropped_spans", [])):
         out[index] = (DROPPED, "orphan" if index in repaired else row.get("reason"))
     for index in masked_by_index(detail):
         out[index] = (MASKED, None)

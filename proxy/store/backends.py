@@ -9,10 +9,10 @@ lazy so a proxy on SQLite never loads asyncpg or redis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from proxy.store.base import Store
+from proxy.store.base import CacheBudget, Store
 
 # URL scheme -> backend name.
 SCHEMES: dict[str, str] = {
@@ -39,6 +39,8 @@ class StoreSpec:
     ttl_s: float | None = None
     # The Redis store's keys are "<key_prefix>:...".
     key_prefix: str = "ctxproxy:store"
+    # cache.max_bytes: the stores' chain and history caches take their shares of it.
+    caches: CacheBudget = field(default_factory=CacheBudget)
 
 
 def backend_name(url: str | None) -> str:
@@ -58,12 +60,16 @@ def build_store(spec: StoreSpec) -> Store:
         from proxy.store.postgres import PostgresStore
 
         assert spec.url is not None
-        return PostgresStore(spec.url, pool_size=spec.pool_size, schema=spec.schema)
+        return PostgresStore(
+            spec.url, pool_size=spec.pool_size, schema=spec.schema, caches=spec.caches
+        )
     if backend == "redis":
         from proxy.store.redis import RedisStore
 
         assert spec.url is not None
-        return RedisStore(spec.url, prefix=f"{spec.key_prefix}:", ttl_s=spec.ttl_s)
+        return RedisStore(
+            spec.url, prefix=f"{spec.key_prefix}:", ttl_s=spec.ttl_s, caches=spec.caches
+        )
     from proxy.store.sqlite import SqliteStore
 
-    return SqliteStore(spec.path)
+    return SqliteStore(spec.path, caches=spec.caches)

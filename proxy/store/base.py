@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +24,41 @@ def path_hash(parent: str | None, content_hash: str) -> str:
     h.update(b"/")
     h.update(content_hash.encode())
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    """One memory budget (config ``cache.max_bytes``) shared out among the in-memory caches.
+
+    Each cache estimates the bytes it holds (its module says how) and evicts
+    least recently used sessions past its share. The shares follow what a
+    request reuses most: each session's messages (hashes, counts, keys: the
+    bulk), the stored chain a ``history: server`` session replays, then
+    token counts, chain ids and the stable-prefix keys.
+    """
+
+    max_bytes: int = 256 * 2**20
+
+    @property
+    def messages(self) -> int:
+        return self.max_bytes * 45 // 100
+
+    @property
+    def histories(self) -> int:
+        return self.max_bytes * 30 // 100
+
+    @property
+    def counts(self) -> int:
+        """For all encodings together."""
+        return self.max_bytes * 10 // 100
+
+    @property
+    def chains(self) -> int:
+        return self.max_bytes * 10 // 100
+
+    @property
+    def prefixes(self) -> int:
+        return self.max_bytes * 5 // 100
 
 
 @dataclass(frozen=True)
@@ -233,8 +268,13 @@ class Store(Protocol):
         """
         ...
 
-    async def history(self, session: SessionRef) -> list[StoredItem]:
-        """The chain from the root to the session's head, oldest first."""
+    async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
+        """The chain from the root to the session's head, oldest first.
+
+        The items are the caller's to change, unless ``shared``: then they may
+        be the store's own cached objects (the request path only reads them),
+        and must not be changed.
+        """
         ...
 
     async def get_session(self, session: SessionRef) -> SessionInfo | None: ...
@@ -353,12 +393,59 @@ def chain_path_hashes(content_hashes: Sequence[str]) -> list[str]:
 
 
 def dropped_item_ids(record: RequestRecord, item_ids: Sequence[int]) -> list[int]:
-    """Translate the policy's dropped positions to stored item ids.
+    """Rows no longer store these (see :func:`spans`): always empty for a new row.
 
-    Positions with no stored item (a failed call stores no messages) are
-    skipped; the raw positions are kept in the row's ``dropped_indexes``.
+    Kept so every backend writes the legacy column the same; a row's dropped
+    items are its chain's items at its ``dropped_spans`` positions.
     """
-    return [item_ids[i] for i in record.dropped_indexes if 0 <= i < len(item_ids)]
+    return []
+
+
+def spans(positions: Iterable[int]) -> list[list[int]]:
+    """Positions as sorted, merged half-open ranges: ``[1, 2, 3, 7]`` -> ``[[1, 4], [7, 8]]``.
+
+    A policy drops the oldest turns in one or two runs, so a request row's
+    size does not grow with the session's length.
+    """
+    out: list[list[int]] = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return out
+
+
+def positions(ranges: Iterable[Sequence[int]]) -> list[int]:
+    """The positions of half-open ``ranges`` (:func:`spans` undone), ascending."""
+    return [p for start, end in ranges for p in range(start, end)]
+
+
+def row_spans(value: Any) -> list[list[int]]:
+    """A stored row's dropped positions as spans, whichever shape it was written in.
+
+    Rows written before spans hold a list of positions; later ones a list of
+    ``[from, to]`` pairs (half-open).
+    """
+    if not value:
+        return []
+    if all(isinstance(v, int) for v in value):
+        return spans(value)
+    return [[int(a), int(b)] for a, b in value]
+
+
+def normalize_request(row: dict[str, Any]) -> dict[str, Any]:
+    """A request row as every store returns it, whatever shape it was stored in.
+
+    ``dropped_spans``: the positions (in the conversation as received) the
+    policy dropped, as half-open ranges. The legacy ``dropped_indexes`` and
+    ``dropped_item_ids`` are read (an old row's list of positions becomes
+    spans) and not returned: a dropped item's id is its request chain's item
+    at that position.
+    """
+    row["dropped_spans"] = row_spans(row.pop("dropped_indexes", None))
+    row.pop("dropped_item_ids", None)
+    return row
 
 
 def request_row(
@@ -393,7 +480,8 @@ def request_row(
         "tokens_after": record.tokens_after,
         "turns_dropped": record.turns_dropped,
         "messages_dropped": record.messages_dropped,
-        "dropped_indexes": list(record.dropped_indexes),
+        # Spans, not lists: a row's size does not grow with the session (see ``spans``).
+        "dropped_indexes": spans(record.dropped_indexes),
         "dropped_item_ids": dropped_item_ids,
         "reason": record.reason,
         "error": record.error,

@@ -47,15 +47,25 @@ class Prefix(NamedTuple):
     session_id: int | None
 
 
-class ChainCache:
-    """Bounded by sessions and by the items held in all."""
+# What one item of a cached chain holds (its path hash string, an int id,
+# three tuple slots; the content hash is the MessageIn's own string).
+ITEM_BYTES = 160
 
-    def __init__(self, max_sessions: int = 1024, max_items: int = 100_000) -> None:
+
+class ChainCache:
+    """Bounded by sessions and by the bytes held (ITEM_BYTES an item)."""
+
+    def __init__(self, max_sessions: int = 4096, max_bytes: int = 16 * 2**20) -> None:
         self.max_sessions = max_sessions
-        self.max_items = max_items
+        self.max_items = max(1, max_bytes // ITEM_BYTES)
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
         self._chains: OrderedDict[tuple[str, str], Chain] = OrderedDict()
         self._items = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes held (estimated)."""
+        return self._items * ITEM_BYTES
 
     def __len__(self) -> int:
         return len(self._chains)

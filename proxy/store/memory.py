@@ -27,6 +27,7 @@ from proxy.store.base import (
     SummaryIn,
     chain_path_hashes,
     dropped_item_ids,
+    normalize_request,
     request_row,
 )
 from proxy.store.pruning import exclusive_suffix
@@ -188,7 +189,7 @@ class MemoryStore:
         )
         self._requests[request.id] = orjson.dumps(row)
 
-    async def history(self, session: SessionRef) -> list[StoredItem]:
+    async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         async with self._lock:
             row = self._sessions.get((session.tenant, session.key))
             chain: list[StoredItem] = []
@@ -257,7 +258,7 @@ class MemoryStore:
         )
 
     def _named_requests(self, tenant: str, key: str) -> list[dict[str, Any]]:
-        rows = [orjson.loads(data) for data in self._requests.values()]
+        rows = [normalize_request(orjson.loads(data)) for data in self._requests.values()]
         named = [r for r in rows if r["tenant"] == tenant and r["session_key"] == key]
         named.sort(key=lambda r: r["created_at"])  # stable: insertion order breaks ties
         return named
@@ -270,7 +271,7 @@ class MemoryStore:
     async def request(self, request_id: str) -> dict[str, Any] | None:
         async with self._lock:
             data = self._requests.get(request_id)
-            return None if data is None else dict(orjson.loads(data))
+            return None if data is None else normalize_request(dict(orjson.loads(data)))
 
     async def delete_session(self, session: SessionRef) -> bool:
         async with self._lock:

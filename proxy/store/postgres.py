@@ -29,6 +29,7 @@ import orjson
 
 from proxy.store import postgres_jobs as jobs
 from proxy.store.base import (
+    CacheBudget,
     ExchangeResult,
     MessageIn,
     RequestRecord,
@@ -103,6 +104,7 @@ class PostgresStore:
         pool_size: int = 10,
         schema: str | None = None,
         connect_timeout: float = 10.0,
+        caches: CacheBudget | None = None,
     ) -> None:
         if schema is not None and not SCHEMA_NAME.fullmatch(schema):
             raise ValueError(f"invalid schema name: {schema!r}")
@@ -110,8 +112,9 @@ class PostgresStore:
         self.schema = schema
         self.pool_size = pool_size
         self._connect_timeout = connect_timeout
-        self._chains = ChainCache()
-        self._histories = HistoryCache()
+        caches = caches or CacheBudget()
+        self._chains = ChainCache(max_bytes=caches.chains)
+        self._histories = HistoryCache(max_bytes=caches.histories)
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:
@@ -185,7 +188,7 @@ class PostgresStore:
     ) -> asyncio.Future[ExchangeResult | None]:
         return asyncio.ensure_future(self.record_exchange(session, conversation, reply, request))
 
-    async def history(self, session: SessionRef) -> list[StoredItem]:
+    async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         """The chain to the head, from this instance's cache once PostgreSQL says it is current."""
         async with self.pool.acquire() as conn:
             return await self._histories.history(conn, session)

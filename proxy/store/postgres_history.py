@@ -20,13 +20,13 @@ and another instance's write is seen by the next read.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from proxy.store.base import SessionRef, StoredItem
+from proxy.store.sized import SizedLRU
 
 SESSION_HEAD = "SELECT id, version, head_item_id FROM sessions WHERE tenant = $1 AND key = $2"
 
@@ -57,20 +57,21 @@ class _Entry:
     items: tuple[tuple[StoredItem, bytes], ...]
 
 
-class HistoryCache:
-    """Bounded by sessions and by the items held in all."""
+# What an item costs held besides its message's JSON bytes (the StoredItem, its hash strings).
+ITEM_BYTES = 400
 
-    def __init__(self, max_sessions: int = 1024, max_items: int = 100_000) -> None:
-        self.max_sessions = max_sessions
-        self.max_items = max_items
-        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._items = 0
+
+class HistoryCache:
+    """Bounded by sessions and by the bytes held (JSON length plus ITEM_BYTES an item)."""
+
+    def __init__(self, max_sessions: int = 4096, max_bytes: int = 64 * 2**20) -> None:
+        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(max_sessions, max_bytes)
 
     async def history(self, conn: Any, session: SessionRef) -> list[StoredItem]:
         key = (session.tenant, session.key)
         row = await conn.fetchrow(SESSION_HEAD, session.tenant, session.key)
         if row is None or row["head_item_id"] is None:
-            self._drop(key)
+            self._entries.drop(key)
             return []
         session_id, version, head = row["id"], row["version"], row["head_item_id"]
         entry = self._entries.get(key)
@@ -85,28 +86,17 @@ class HistoryCache:
             else:
                 items = fetched  # a full read (or a branch: the walk reached the root)
             entry = _Entry(session_id, version, head, items)
-            self._put(key, entry)
+            self._entries.put(key, entry, _bytes(items))
         else:
-            self._entries.move_to_end(key)
+            self._entries.touch(key)
         return [replace(item, message=orjson.loads(data)) for item, data in entry.items]
 
     def forget(self, session: SessionRef) -> None:
-        self._drop((session.tenant, session.key))
+        self._entries.drop((session.tenant, session.key))
 
-    def _put(self, key: tuple[str, str], entry: _Entry) -> None:
-        self._drop(key)
-        if len(entry.items) > self.max_items:
-            return
-        self._entries[key] = entry
-        self._items += len(entry.items)
-        while self._items > self.max_items or len(self._entries) > self.max_sessions:
-            _, dropped = self._entries.popitem(last=False)
-            self._items -= len(dropped.items)
 
-    def _drop(self, key: tuple[str, str]) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._items -= len(old.items)
+def _bytes(items: tuple[tuple[StoredItem, bytes], ...]) -> int:
+    return sum(len(data) for _, data in items) + ITEM_BYTES * len(items)
 
 
 _EMPTY: dict[str, Any] = {}

@@ -36,6 +36,7 @@ from proxy.store import redis_codec as codec
 from proxy.store import redis_queries as queries
 from proxy.store import redis_scripts as scripts
 from proxy.store.base import (
+    CacheBudget,
     ExchangeResult,
     FencedOut,
     MessageIn,
@@ -74,6 +75,7 @@ class RedisStore:
         expire_grace_s: float | None = None,
         max_connections: int = 64,
         timeout_s: float = 5.0,
+        caches: CacheBudget | None = None,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -85,7 +87,7 @@ class RedisStore:
         self.expire_grace_s = expire_grace_s or 0.0
         self.max_connections = max_connections
         self.timeout_s = timeout_s
-        self._chains = ChainCache()
+        self._chains = ChainCache(max_bytes=(caches or CacheBudget()).chains)
         # What puts an item's words in the session's recall index (proxy/store/redis_search.py).
         self._index: codec.Words | None = index_terms
         self._client: Redis | None = None
@@ -259,7 +261,7 @@ class RedisStore:
             if result is not RETRY:
                 return result
 
-    async def history(self, session: SessionRef) -> list[StoredItem]:
+    async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         return codec.items(await self._run("HISTORY", session.tenant, session.key))
 
     async def advance_fence(self, session: SessionRef, token: int) -> None:

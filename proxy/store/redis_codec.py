@@ -12,7 +12,14 @@ from typing import Any
 
 import orjson
 
-from proxy.store.base import MessageIn, RequestRecord, SessionInfo, StoredItem, request_row
+from proxy.store.base import (
+    MessageIn,
+    RequestRecord,
+    SessionInfo,
+    StoredItem,
+    normalize_request,
+    request_row,
+)
 
 # A request row's fields that only the script knows (it allocates the ids).
 _ID_FIELDS = ("session_id", "dropped_item_ids", "first_item_id", "last_item_id", "reply_item_id")
@@ -103,7 +110,8 @@ def row_head(record: RequestRecord, tenant: str, key: str | None, created_at: fl
 
 def row(data: bytes) -> dict[str, Any]:
     stored = orjson.loads(data)
-    return {name: stored[name] for name in _ROW_FIELDS}  # the other backends' key order
+    # The other backends' key order.
+    return normalize_request({name: stored[name] for name in _ROW_FIELDS})
 
 
 def check(out: list[Any], request: RequestRecord) -> None:

@@ -79,10 +79,11 @@ class RecordCall:
     def _encode(self) -> list[str | bytes | int]:
         if self.mode not in ("chain", "response"):
             return [*self.fixed, *_NO_CHAIN]
-        chain, conv, request = self.chain, self.conv, self.request
+        chain, conv = self.chain, self.conv
         spec = codec.Specs(self.known)
         last = len(chain) - 1
-        dropped = ",".join(spec(i) for i in request.dropped_indexes if 0 <= i < conv)
+        # Rows hold dropped positions as spans (in the row's JSON), no item ids.
+        dropped = ""
         return [
             *self.fixed, str(self.prefix.session_id or ""), spec.parent, len(self.known), conv,
             spec(0) if conv else "n", spec(conv - 1) if conv else "n",

@@ -18,6 +18,7 @@ from proxy.store.base import (
     StoredItem,
     StoredSummary,
     dropped_item_ids,
+    normalize_request,
     request_row,
 )
 
@@ -66,11 +67,11 @@ def request_from_row(row: Any) -> dict[str, Any]:
     usage = out.pop("usage_json")
     out["usage"] = None if usage is None else orjson.loads(usage)
     out["detail"] = orjson.loads(out.pop("detail_json"))
-    out["dropped_indexes"] = orjson.loads(out["dropped_indexes"])
-    out["dropped_item_ids"] = orjson.loads(out["dropped_item_ids"])
+    dropped = out["dropped_indexes"]
+    out["dropped_indexes"] = orjson.loads(dropped) if isinstance(dropped, str | bytes) else dropped
     out["stream"] = bool(out["stream"])
     out["incomplete"] = bool(out["incomplete"])
-    return out
+    return normalize_request(out)
 
 
 def summary_from_row(row: Any) -> StoredSummary:

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ import orjson
 from proxy.store import sqlite_jobs as jobs
 from proxy.store import sqlite_summaries
 from proxy.store.base import (
+    CacheBudget,
     ExchangeResult,
     MessageIn,
     RequestRecord,
@@ -35,6 +37,7 @@ from proxy.store.base import (
 from proxy.store.chains import ChainCache
 from proxy.store.migrations import MIGRATIONS, migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
+from proxy.store.sqlite_history import SqliteHistoryCache
 from proxy.store.summary_memo import SummaryMemo
 from proxy.store.writer import SqliteWriter
 
@@ -92,9 +95,13 @@ class StoreUnavailable(Exception):
 class SqliteStore:
     """Reads on an aiosqlite connection; writes through the group-committing writer."""
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout: float = 5.0, caches: CacheBudget | None = None
+    ) -> None:
         self.path = Path(path)
-        self._chains = ChainCache()
+        caches = caches or CacheBudget()
+        self._chains = ChainCache(max_bytes=caches.chains)
+        self._histories = SqliteHistoryCache(max_bytes=caches.histories)
         self._summaries = SummaryMemo()
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: aiosqlite.Connection | None = None
@@ -263,8 +270,13 @@ class SqliteStore:
         """One job on the store's writer, in its own savepoint (the vector index's writes)."""
         return await self._write(job)
 
-    async def history(self, session: SessionRef) -> list[StoredItem]:
-        return [_item(row) for row in await self._fetch(_HISTORY, (session.tenant, session.key))]
+    async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
+        """The chain, from this instance's cache when the session's head says it is current."""
+        items = await self._histories.history(self._fetch, session)
+        if shared:
+            return items
+        # The caller's own copies (a cached message is parsed once, then shared).
+        return [replace(item, message=orjson.loads(orjson.dumps(item.message))) for item in items]
 
     async def get_session(self, session: SessionRef) -> SessionInfo | None:
         query = _SESSION_INFO + " WHERE s.tenant = ? AND s.key = ?"
@@ -312,6 +324,7 @@ class SqliteStore:
         requests = "DELETE FROM requests WHERE tenant = ? AND session_key = ?"
         sessions = "DELETE FROM sessions WHERE tenant = ? AND key = ? RETURNING id"
         self._chains.forget(session)
+        self._histories.forget(session)
         try:
             return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
         finally:

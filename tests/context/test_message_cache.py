@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -10,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import message_cache as message_cache_module
-from proxy.context.message_cache import MessageCache
-from proxy.context.tokens import counter_for
+from proxy.context.message_cache import MessageCache, message_bytes, message_key
+from proxy.context.tokens import TiktokenCounter, counter_for, load_encoding
 from proxy.http.sessions import content_hash
-from proxy.store.base import MessageIn, SessionRef
+from proxy.store.base import MessageIn, SessionRef, StoredItem
 
 ALICE = SessionRef("tenant-a", "chat-1")
 GPT4O = counter_for("gpt-4o")
@@ -153,11 +155,12 @@ def test_sessions_are_bounded_least_recently_used_first():
     for ref in sessions:
         cache.messages(ref, [user(ref.key)], GPT4O)
     assert len(cache) == 2
-    assert cache.size == 2 * len(orjson.dumps(user("a")))
+    one = message_bytes(message_key(user("a")), fresh(user("a")))
+    assert cache.size == 2 * one
 
 
 def test_bytes_held_are_bounded(hashed):
-    one = len(orjson.dumps(user("x" * 100)))
+    one = message_bytes(message_key(user("x" * 100)), fresh(user("x" * 100)))
     cache = MessageCache(max_bytes=2 * one)
     cache.messages(SessionRef("t", "a"), [user("x" * 100)], GPT4O)
     cache.messages(SessionRef("t", "b"), [user("y" * 100)], GPT4O)
@@ -168,6 +171,56 @@ def test_bytes_held_are_bounded(hashed):
     hashed.clear()
     cache.messages(SessionRef("t", "d"), [user("w" * 1000)], GPT4O)
     assert len(hashed) == 1
+
+
+def _tool_call(i: int) -> dict[str, Any]:
+    # Not all strings: keyed by its JSON (the copy orjson over-allocates).
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "x" * 900}}
+        ],
+    }
+
+
+@pytest.mark.parametrize("make", [lambda i: user(f"{i} " + "y" * 900), _tool_call])
+def test_what_the_cache_holds_is_within_its_byte_budget(make):
+    """The estimate it evicts by is not below what its entries really take (tracemalloc)."""
+    budget = 2 * 2**20
+    cache = MessageCache(max_bytes=budget)
+    # A counter of its own, remembering no counts: only the cache's holdings are measured.
+    counter = TiktokenCounter("gpt-4o", encoding=load_encoding("o200k_base"))
+    counter._cache.maxsize = 1
+    counter.count_message(make(-1))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for s in range(40):
+            # Parsed anew, as a request body is; only what the cache keeps stays alive.
+            messages = orjson.loads(orjson.dumps([make(s * 100 + i) for i in range(100)]))
+            cache.messages(SessionRef("t", f"s{s}"), messages, counter)
+            del messages
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.size <= budget
+    assert len(cache) < 40  # the budget evicted the oldest sessions
+    # Within a quarter of the real size (orjson's own buffers would be ~8x the JSON).
+    assert held <= cache.size * 1.25, (held, cache.size)
+
+
+def test_a_resent_prefix_is_served_as_the_objects_kept():
+    cache = MessageCache()
+    history = [user("hi"), assistant("hello")]
+    first = cache.messages(ALICE, history, GPT4O)
+    resent = orjson.loads(orjson.dumps([*history, user("more")]))
+    got = cache.messages(ALICE, resent, GPT4O)
+    # The new copies of the old messages are not kept: the first ones are.
+    assert got[0] is first[0] and got[1] is first[1]
+    assert got[2].message is resent[2]
 
 
 # Messages that collide under Python's == but not as JSON, and plain ones.
@@ -206,3 +259,24 @@ def test_whatever_a_session_sends_the_cache_answers_as_hashing_afresh_would(call
         counts = [counter.count_message(m, h) for m, h in zip(messages, hashes, strict=True)]
         assert [m.token_count for m in got] == counts
         assert [orjson.dumps(m.message) for m in got] == [orjson.dumps(m) for m in messages]
+
+
+def test_a_stored_item_missed_takes_the_count_stored_with_it(hashed):
+    """``history: server``: items are keyed by id; a miss neither hashes nor tokenizes them."""
+    counter = TiktokenCounter("gpt-4o", encoding=load_encoding("o200k_base"))  # nothing cached
+    message = user("a stored question")
+    key = content_hash(message)
+    item = StoredItem(7, 1, None, "p", key, "user", 42, message, "complete", 0.0)
+    new = user("and a new one")
+    cache = MessageCache()
+
+    got = cache.messages(ALICE, [message, new], counter, items=[item])
+
+    assert [m.content_hash for m in got] == [key, content_hash(new)]
+    assert got[0].token_count == 42  # as stored, not counted again
+    assert hashed == [new]
+    # Next turn: the item is known by its id; only the newest message is new.
+    hashed.clear()
+    again = cache.messages(ALICE, [message, new, user("third")], counter, items=[item])
+    assert again[:2] == got and again[0] is got[0]
+    assert hashed == [user("third")]

@@ -330,8 +330,7 @@ def test_summarized_positions_leave_out_repaired_orphans_and_trimmed_opening_tur
     # Twelve messages: 1-2 an opening turn trimmed for the budget, 3 an orphan
     # repaired, 4-7 summarized (covers 8), 8-11 kept.
     row = {
-        "dropped_indexes": [1, 2, 3, 4, 5, 6, 7],
-        "dropped_item_ids": [11, 12, 13, 14, 15, 16, 17],
+        "dropped_spans": [[1, 8]],
         "detail": {
             "repaired": [3],
             "dropped_by": {"summarized": 4, "max_tokens": 2, "orphan": 1},

@@ -234,7 +234,7 @@ def test_recalled_turns_are_split_out_of_the_dropped_ones_and_forwarded_as_one_b
         "messages_before": 10,
         "tokens_before": 103,
         "tokens_after": 3 + 10 * 4 + 30,
-        "dropped_indexes": [1, 2, 3, 4, 5, 6],
+        "dropped_spans": [[1, 7]],
         "reason": "max_turns",
         "detail": {
             "recall": {

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.store import sqlite_jobs
 from proxy.store.base import MessageIn, SessionRef, chain_path_hashes
-from proxy.store.chains import ChainCache
+from proxy.store.chains import ITEM_BYTES, ChainCache
 from proxy.store.sqlite import SqliteStore
 from tests.stores import ALICE, msg, req
 
@@ -162,7 +162,7 @@ async def test_a_session_deleted_through_the_store_is_forgotten(store):
 
 
 def test_the_cache_is_bounded_by_sessions_and_by_items():
-    cache = ChainCache(max_sessions=2, max_items=5)
+    cache = ChainCache(max_sessions=2, max_bytes=5 * ITEM_BYTES)
     refs = [SessionRef("t", k) for k in "abc"]
     for i, ref in enumerate(refs):
         cache.committed(ref, i, ["h"], ["p"], [i])

@@ -9,11 +9,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.store.base import MessageIn, SessionRef, Store
+from proxy.store.base import MessageIn, SessionRef, Store, positions
 from tests.stores import ALICE, BACKENDS, make_store, msg, req
 
 SYSTEM = msg("system", "be brief")
@@ -134,8 +135,8 @@ async def test_failed_exchange_writes_only_the_request_row(
     assert messages(await store.history(ALICE)) == messages([SYSTEM, U1, A1])
     row = await store.request(failed.id)
     assert row is not None
-    assert (row["session_id"], row["error"], row["dropped_item_ids"]) == (ok.session_id, "boom", [])
-    assert row["dropped_indexes"] == [0]
+    assert (row["session_id"], row["error"]) == (ok.session_id, "boom")
+    assert row["dropped_spans"] == [[0, 1]]
 
 
 async def test_failed_first_exchange_creates_no_session_but_keeps_its_name(store: Store) -> None:
@@ -161,15 +162,33 @@ async def test_incomplete_reply_keeps_its_status_and_the_request_flag(store: Sto
     assert row is not None and row["incomplete"] is True and row["reply_item_id"] == result.reply_id
 
 
-async def test_dropped_indexes_are_translated_to_item_ids(store: Store) -> None:
+async def test_dropped_positions_are_stored_as_spans_that_name_the_chain(store: Store) -> None:
     record = req(dropped_indexes=[1, 2], messages_dropped=2)
     result = await store.record_exchange(ALICE, [SYSTEM, U1, A1, U2], None, record)
 
     assert result is not None
     row = await store.request(record.id)
     assert row is not None
-    assert row["dropped_item_ids"] == result.item_ids[1:3]
+    assert row["dropped_spans"] == [[1, 3]]
     assert (row["first_item_id"], row["last_item_id"]) == (result.item_ids[0], result.item_ids[-1])
+    # The chain up to the row's last item names the dropped items.
+    chain = await store.history(ALICE)
+    assert [chain[i].id for i in positions(row["dropped_spans"])] == result.item_ids[1:3]
+
+
+async def test_a_request_rows_size_does_not_grow_with_the_session(store: Store) -> None:
+    """Dropping the oldest 10 or 1,000 messages stores the same few spans."""
+    sizes = []
+    for n in (12, 1002):
+        ref = SessionRef("tenant-a", f"long-{n}")
+        chain = [SYSTEM, *(msg("user" if i % 2 else "assistant", f"m{n}-{i}") for i in range(n))]
+        record = req(dropped_indexes=list(range(1, n - 1)), messages_dropped=n - 2)
+        await store.record_exchange(ref, chain, None, record)
+        row = await store.request(record.id)
+        assert row is not None and row["dropped_spans"] == [[1, n - 1]]
+        sizes.append(len(orjson.dumps(row)))
+    # Only digits differ (the key, ids, span ends): a list per message was ~9 KB more.
+    assert sizes[1] - sizes[0] <= 32
 
 
 async def test_concurrent_exchanges_on_one_session_store_each_message_once(store: Store) -> None:
@@ -311,9 +330,10 @@ async def test_request_round_trips_every_field(store: Store) -> None:
     assert result is not None
 
     # Written out independently of request_row, so a field it forgot would show.
-    expected = asdict(record) | {
+    # Dropped positions come back as spans (dropped_spans), not as the list recorded.
+    expected = {k: v for k, v in asdict(record).items() if k != "dropped_indexes"} | {
         "session_id": result.session_id,
-        "dropped_item_ids": result.item_ids[1:3],
+        "dropped_spans": [[1, 3]],
         "first_item_id": result.item_ids[0],
         "last_item_id": result.item_ids[-1],
         "reply_item_id": result.reply_id,

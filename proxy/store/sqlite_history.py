@@ -1,0 +1,124 @@
+"""Each session's last read history (SQLite), checked against the session row before use.
+
+A ``history: server`` request reads its session's whole chain before every
+call; walking it from the head costs a recursive query, a row and a JSON
+parse per item, more with every turn. This per-instance cache keeps the
+chain last read per session. Every read is still one statement on the
+store, which returns the session's id and head and, in the same walk, only
+the items after the cached head:
+
+- same session id and head: nothing changed anywhere (items are never
+  rewritten, so a head names its whole chain); the cached chain is served;
+- same session id, another head that descends from the cached one (a turn
+  stored since, by this instance or another sharing the file): the walk
+  stops at the cached head and only the new items are parsed and appended;
+- any other head (a branch, a shorter history), another session id (deleted
+  and made again: ids are never reused) or no entry: the walk reaches the
+  root and the chain is replaced.
+
+So a cached chain is never trusted without the store saying it is current,
+and another process's write is seen by the next read. Items are shared with
+the callers (their messages are parsed once): callers must not change them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
+
+from proxy.store.base import SessionRef, StoredItem
+from proxy.store.rows import item_from_row
+from proxy.store.sized import SizedLRU
+
+# The session (id, head) and the chain from its head back to, not including,
+# the cached head (?3; 0: none), in one statement: always at least one row.
+HISTORY_SINCE = """
+    WITH RECURSIVE s (sid, head) AS (
+        SELECT id, head_item_id FROM sessions WHERE tenant = ? AND key = ?
+    ),
+    chain (id, depth) AS (
+        SELECT head, 0 FROM s WHERE head IS NOT NULL AND head <> ?3
+        UNION ALL
+        SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
+            WHERE items.parent_id IS NOT NULL AND items.parent_id <> ?3
+    )
+    SELECT s.sid, s.head, items.* FROM s LEFT JOIN chain LEFT JOIN items ON items.id = chain.id
+    ORDER BY chain.depth DESC
+"""
+
+# What an item costs held, besides its message's JSON length (the dict and its
+# strings are about the JSON's size; the StoredItem, its two hash strings).
+ITEM_BYTES = 520
+
+
+class _Entry(NamedTuple):
+    session_id: int
+    head: int
+    items: tuple[StoredItem, ...]
+    size: int
+
+
+def item_bytes(item: StoredItem, json_length: int) -> int:
+    return json_length + ITEM_BYTES
+
+
+class SqliteHistoryCache:
+    """Bounded by sessions and by the bytes held (estimated: :func:`item_bytes`)."""
+
+    def __init__(self, max_sessions: int = 4096, max_bytes: int = 64 * 2**20) -> None:
+        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(max_sessions, max_bytes)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        return self._entries.size
+
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._entries.max_bytes = value
+
+    async def history(
+        self,
+        fetch: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]],
+        session: SessionRef,
+    ) -> list[StoredItem]:
+        key = (session.tenant, session.key)
+        entry = self._entries.get(key)
+        since = entry.head if entry is not None else 0
+        rows = await fetch(HISTORY_SINCE, (session.tenant, session.key, since))
+        if not rows or rows[0]["head"] is None:
+            self._entries.drop(key)
+            return []
+        session_id, head = rows[0]["sid"], rows[0]["head"]
+        if entry is not None and entry.session_id == session_id and entry.head == head:
+            self._entries.touch(key)
+            return list(entry.items)
+        fetched = [_item(row) for row in rows if row["id"] is not None]
+        added = sum(item_bytes(item, n) for item, n in fetched)
+        new = tuple(item for item, _ in fetched)
+        if (
+            entry is not None
+            and entry.session_id == session_id
+            and new
+            and new[0].parent_id == entry.head
+        ):
+            entry = _Entry(session_id, head, entry.items + new, entry.size + added)
+        else:
+            entry = _Entry(session_id, head, new, added)
+        self._entries.put(key, entry, entry.size)
+        return list(entry.items)
+
+    def forget(self, session: SessionRef) -> None:
+        self._entries.drop((session.tenant, session.key))
+
+
+def _item(row: Any) -> tuple[StoredItem, int]:
+    columns = {k: row[k] for k in row.keys() if k not in ("sid", "head")}  # noqa: SIM118 (a Row iterates values)
+    length = len(columns["message_json"])
+    return item_from_row(columns), length
