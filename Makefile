@@ -54,6 +54,7 @@ bench: $(DEV)
 	$(BIN)/python bench/cache.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/recall.py
+	$(BIN)/python bench/history.py
 
 # The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
 # and kill -9 load; then one table of its figures (README "Reliability").

@@ -19,7 +19,7 @@ about 200 tokens each (the 20-message, ~4k-token body of bench/overhead.py).
 
 Prints one table beside the figures of issue 16 ("now") and the targets.
 
-    python bench/history.py [--rounds 3] [--quick] [--no-memory]
+    python bench/history.py [--rounds 3] [--quick] [--no-memory] [--cache 1GiB]
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def history(n: int) -> list[dict[str, Any]]:
     return out
 
 
-def config(path: Path, up_port: int, db: Path) -> Path:
+def config(path: Path, up_port: int, db: Path, cache: str | None = None) -> Path:
     trim = {"strategy": "trim", "max_tokens": 3000, "low_water": 0.7}
     route = {"upstream": "fast", "policy": "trim"}
     path.write_text(
@@ -84,6 +84,7 @@ def config(path: Path, up_port: int, db: Path) -> Path:
                 "logging": {"level": "warning"},
                 "upstreams": {"fast": {"base_url": f"http://127.0.0.1:{up_port}/v1"}},
                 "policies": {"trim": trim},
+                **({"cache": {"max_bytes": cache}} if cache else {}),
                 "routes": [
                     {
                         "match": {
@@ -113,10 +114,10 @@ class Session:
 class Proxy:
     """A ctxproxy process with its own database."""
 
-    def __init__(self, tmp: Path, name: str, up_port: int) -> None:
+    def __init__(self, tmp: Path, name: str, up_port: int, cache: str | None = None) -> None:
         self.db = tmp / f"{name}.db"
         self.port = free_port()
-        cfg = config(tmp / f"{name}.json", up_port, self.db)
+        cfg = config(tmp / f"{name}.json", up_port, self.db, cache)
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "--config", str(cfg), "--port", str(self.port)],
@@ -360,7 +361,7 @@ async def main_async(args: argparse.Namespace) -> int:
         upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
         proxies: list[Proxy] = []
         try:
-            cpu_proxy = Proxy(tmp, "cpu", up_port)
+            cpu_proxy = Proxy(tmp, "cpu", up_port, args.cache)
             proxies.append(cpu_proxy)
             await wait_ready(cpu_proxy.url)
             print(f"warm request CPU (load {load()})", flush=True)
@@ -369,7 +370,7 @@ async def main_async(args: argparse.Namespace) -> int:
             stored = storage(cpu_proxy.db)
             memory: list[tuple[int, float]] = []
             if not args.no_memory:
-                mem_proxy = Proxy(tmp, "memory", up_port)
+                mem_proxy = Proxy(tmp, "memory", up_port, args.cache)
                 proxies.append(mem_proxy)
                 await wait_ready(mem_proxy.url)
                 print(f"memory (load {load()})", flush=True)
@@ -392,6 +393,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, 200 and 1,000 sessions")
     parser.add_argument("--no-memory", action="store_true", help="leave out the RSS phase")
+    parser.add_argument("--cache", help="the proxy's cache.max_bytes (default: its own, 256MiB)")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1

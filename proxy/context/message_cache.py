@@ -106,7 +106,7 @@ def message_bytes(key: Key | None, message: MessageIn) -> int:
 
 
 class MessageCache:
-    def __init__(self, max_sessions: int = 4096, max_bytes: int = 128 * 2**20) -> None:
+    def __init__(self, max_sessions: int = 1024, max_bytes: int = 128 * 2**20) -> None:
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.

@@ -55,7 +55,7 @@ ITEM_BYTES = 160
 class ChainCache:
     """Bounded by sessions and by the bytes held (ITEM_BYTES an item)."""
 
-    def __init__(self, max_sessions: int = 4096, max_bytes: int = 16 * 2**20) -> None:
+    def __init__(self, max_sessions: int = 1024, max_bytes: int = 16 * 2**20) -> None:
         self.max_sessions = max_sessions
         self.max_items = max(1, max_bytes // ITEM_BYTES)
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.

@@ -212,6 +212,55 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX item_vectors_session_seq ON item_vectors (session_id, seq);
     """,
+    # 7: the recall index without its own copy of the text (it was half of what a
+    # stored message took). ``items_fts`` becomes an external-content FTS5 table over
+    # the view ``items_fts_source``, whose ``body`` is the searchable text computed
+    # from ``message_json`` (the same expression as version 5) and whose ``pos`` is
+    # the item's chain position, now a column of ``items`` (filled from the old index).
+    # Rows are indexed from the view and deleted through it (before their item goes),
+    # so what is removed is exactly what was indexed.
+    """
+    ALTER TABLE items ADD COLUMN pos INTEGER;
+    UPDATE items SET pos = (SELECT f.pos FROM items_fts f WHERE f.rowid = items.id);
+    CREATE VIEW items_fts_source (id, scope, body, pos) AS
+        SELECT i.id, 's' || i.session_id,
+            CASE WHEN json_valid(i.message_json) THEN trim(
+            CASE json_type(i.message_json, '$.content')
+                WHEN 'text' THEN json_extract(i.message_json, '$.content')
+                WHEN 'array' THEN coalesce((
+                    SELECT group_concat(json_extract(part.value, '$.text'), char(10))
+                    FROM json_each(i.message_json, '$.content') AS part
+                    WHERE json_type(part.value, '$.text') = 'text'), '')
+                ELSE '' END
+            || char(10) || coalesce((
+                SELECT group_concat(
+                    coalesce(json_extract(call.value, '$.function.name'), '') || ' '
+                    || coalesce(json_extract(call.value, '$.function.arguments'), ''),
+                    char(10))
+                FROM json_each(i.message_json, '$.tool_calls') AS call
+                WHERE json_type(i.message_json, '$.tool_calls') = 'array'), '')
+            || char(10) || CASE WHEN json_type(i.message_json, '$.arguments') = 'text'
+                THEN coalesce(json_extract(i.message_json, '$.name'), '') || ' '
+                    || json_extract(i.message_json, '$.arguments') ELSE '' END
+            || char(10) || CASE WHEN json_type(i.message_json, '$.output') = 'text'
+                THEN json_extract(i.message_json, '$.output') ELSE '' END,
+            char(10) || ' ') ELSE '' END,
+            i.pos
+        FROM items i;
+    DROP TRIGGER items_fts_delete;
+    DROP TABLE items_fts;
+    CREATE VIRTUAL TABLE items_fts USING fts5 (
+        scope, body, pos UNINDEXED, content = 'items_fts_source', content_rowid = 'id',
+        tokenize = 'porter unicode61'
+    );
+    INSERT INTO items_fts (rowid, scope, body, pos)
+        SELECT id, scope, body, pos FROM items_fts_source WHERE body != '' AND pos IS NOT NULL;
+    CREATE TRIGGER items_fts_delete BEFORE DELETE ON items BEGIN
+        INSERT INTO items_fts (items_fts, rowid, scope, body, pos)
+            SELECT 'delete', id, scope, body, pos FROM items_fts_source
+            WHERE id = old.id AND body != '' AND pos IS NOT NULL;
+    END;
+    """,
 )
 
 

@@ -59,6 +59,8 @@ def encoded_request(
 def item_from_row(row: Any) -> StoredItem:
     columns = dict(row)
     message = orjson.loads(columns.pop("message_json"))
+    # SQLite's chain position column (migration 7) is the recall index's, not the item's.
+    columns.pop("pos", None)
     return StoredItem(**columns, message=message)
 
 

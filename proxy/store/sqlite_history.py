@@ -65,7 +65,7 @@ def item_bytes(item: StoredItem, json_length: int) -> int:
 class SqliteHistoryCache:
     """Bounded by sessions and by the bytes held (estimated: :func:`item_bytes`)."""
 
-    def __init__(self, max_sessions: int = 4096, max_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, max_sessions: int = 1024, max_bytes: int = 64 * 2**20) -> None:
         self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(max_sessions, max_bytes)
 
     def __len__(self) -> int:

@@ -31,9 +31,9 @@ CHUNK = 500
 
 _INSERT_ITEM = """
     INSERT INTO items (session_id, parent_id, path_hash, content_hash, role,
-        token_count, status, message_json, created_at)
+        token_count, status, message_json, created_at, pos)
     VALUES (?, (SELECT id FROM items WHERE session_id = ? AND path_hash = ?),
-        ?, ?, ?, ?, ?, ?, ?)
+        ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (session_id, path_hash) DO NOTHING
 """
 
@@ -150,13 +150,14 @@ def store_chain(
                 chain[i].status,
                 dumps(chain[i].message),
                 now,
+                i,  # the chain position (the recall index's ``pos``)
             )
             for i in missing
         ]
         conn.executemany(_INSERT_ITEM, rows)
         found.update(select_ids(conn, session_id, [hashes[i] for i in missing]))
         # The recall index, in the same transaction as its items.
-        index_items(conn, session_id, [(found[hashes[i]], i, chain[i].message) for i in missing])
+        index_items(conn, [found[hashes[i]] for i in missing])
     return [*known_ids, *(found[h] for h in hashes[shared:])], missing
 
 

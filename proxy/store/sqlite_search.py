@@ -1,8 +1,11 @@
 """The SQLite recall index: FTS5 (``porter unicode61``) ranked by ``bm25()``.
 
-The table (``items_fts``, migration 5) holds each item's searchable text in
-``body``, a token naming its session in ``scope`` (``s<session id>``), and
-its chain position in ``pos``. A search is two queries on the read connection:
+The table (``items_fts``, migration 5) indexes each item's searchable text
+(``body``), a token naming its session in ``scope`` (``s<session id>``), and
+its chain position in ``pos``. Since migration 7 it keeps no copy of them:
+it is an external-content table over the view ``items_fts_source``, which
+computes them from ``items`` (the text from ``message_json``, in SQL), so a
+query reads ``pos`` from ``items``. A search is two queries on the read connection:
 
 1. the session's id (by tenant and key) and, in the same statement, how many
    of its items hold each term (cheap: counting needs no ranking);
@@ -24,14 +27,18 @@ from typing import Any
 
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
-from proxy.store.search_text import search_text
 
-_INSERT = "INSERT INTO items_fts (rowid, scope, body, pos) VALUES (?, ?, ?, ?)"
+# Items with no searchable text are not indexed (as migration 5 left them out).
+_INDEX = """
+    INSERT INTO items_fts (rowid, scope, body, pos)
+    SELECT id, scope, body, pos FROM items_fts_source WHERE id IN ({marks}) AND body != ''
+"""
+_CHUNK = 500
 
 _SEARCH = """
-    SELECT f.rowid, f.pos, bm25(items_fts, 0.0, 1.0) AS rank, i.content_hash
+    SELECT f.rowid, i.pos, bm25(items_fts, 0.0, 1.0) AS rank, i.content_hash
     FROM items_fts f JOIN items i ON i.id = f.rowid AND i.session_id = ?
-    WHERE items_fts MATCH ? AND f.pos < ?
+    WHERE items_fts MATCH ? AND i.pos < ?
     ORDER BY rank
     LIMIT ?
 """
@@ -69,13 +76,13 @@ def _search_sql(terms: int) -> str:
         WHERE r.df <= cap.most
             OR (r.k <= 2 AND NOT EXISTS (SELECT 1 FROM r AS rare WHERE rare.df <= cap.most))
     )
-    SELECT f.rowid, f.pos, bm25(items_fts, 0.0, 1.0) AS rank, i.content_hash
+    SELECT f.rowid, i.pos, bm25(items_fts, 0.0, 1.0) AS rank, i.content_hash
     FROM items_fts f JOIN items i ON i.id = f.rowid
     -- No informative term (or no session): a scope no item has, so nothing matches.
     WHERE items_fts MATCH coalesce((
             SELECT s.scope || ' AND body : (' || chosen.expr || ')' FROM s, chosen
             WHERE chosen.expr IS NOT NULL), 'scope : none')
-        AND i.session_id = (SELECT id FROM s) AND f.pos < ?
+        AND i.session_id = (SELECT id FROM s) AND i.pos < ?
     ORDER BY rank
     LIMIT ?
     """
@@ -95,18 +102,16 @@ def informative(terms: Sequence[str], counts: Sequence[int], items: int) -> list
 _NO_LIMIT = 1 << 62
 
 
-def index_items(
-    conn: sqlite3.Connection, session_id: int, items: Sequence[tuple[int, int, Any]]
-) -> None:
-    """Index newly stored items in the transaction storing them: (item id, position, message)."""
-    scope = f"s{session_id}"
-    rows = []
-    for item_id, position, message in items:
-        text = search_text(message)
-        if text:
-            rows.append((item_id, scope, text, position))
-    if rows:
-        conn.executemany(_INSERT, rows)
+def index_items(conn: sqlite3.Connection, item_ids: Sequence[int]) -> None:
+    """Index newly stored items in the transaction storing them.
+
+    Their text comes from the view the index reads (migration 7), so the
+    delete trigger later removes exactly what was indexed here.
+    """
+    for start in range(0, len(item_ids), _CHUNK):
+        chunk = item_ids[start : start + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        conn.execute(_INDEX.format(marks=marks), tuple(chunk))
 
 
 def _quote(term: str) -> str:

@@ -33,9 +33,13 @@ SHAPES: list[dict[str, Any]] = [
 
 
 def fts_rows(path: Path) -> dict[int, tuple[str, str, int]]:
+    """The rows the index holds (an external-content table's scan would list every item)."""
     con = sqlite3.connect(path)
     try:
-        rows = con.execute("SELECT rowid, scope, body, pos FROM items_fts").fetchall()
+        rows = con.execute(
+            "SELECT rowid, scope, body, pos FROM items_fts"
+            " WHERE rowid IN (SELECT id FROM items_fts_docsize)"
+        ).fetchall()
     finally:
         con.close()
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
@@ -47,8 +51,10 @@ def forget_index(path: Path) -> None:
     try:
         con.execute("DROP TRIGGER items_fts_delete")
         con.execute("DROP TABLE items_fts")
-        # And before what came after it (6: item_vectors).
+        # And before what came after it (6: item_vectors; 7: the index over a view).
         con.execute("DROP TABLE IF EXISTS item_vectors")
+        con.execute("DROP VIEW IF EXISTS items_fts_source")
+        con.execute("ALTER TABLE items DROP COLUMN pos")
         con.execute("DELETE FROM schema_migrations WHERE version >= 5")
         con.commit()
     finally:
@@ -90,5 +96,56 @@ async def test_index_rows_are_deleted_with_their_session(tmp_path: Path):
         assert len(fts_rows(path)) == len(TEXTS)
         await store.delete_session(ALICE)
         assert fts_rows(path) == {}
+    finally:
+        await store.close()
+
+
+async def test_the_index_keeps_no_copy_of_the_text_and_a_version_6_database_migrates(
+    tmp_path: Path,
+):
+    """Migration 7: the same rows, found and deleted as before, without a content table."""
+    path = tmp_path / "v6.sqlite"
+    store = SqliteStore(path)
+    await store.open()
+    await store.record_exchange(ALICE, conversation(), None, req())
+    await store.close()
+    written = fts_rows(path)
+    # Back to version 6: the index with its own copy of the text (as migration 5 made it).
+    con = sqlite3.connect(path)
+    try:
+        con.execute("DROP TRIGGER items_fts_delete")
+        con.execute("DROP TABLE items_fts")
+        con.execute("DROP VIEW items_fts_source")
+        con.execute(
+            "CREATE VIRTUAL TABLE items_fts USING fts5"
+            " (scope, body, pos UNINDEXED, tokenize = 'porter unicode61')"
+        )
+        con.executemany(
+            "INSERT INTO items_fts (rowid, scope, body, pos) VALUES (?, ?, ?, ?)",
+            [(k, *v) for k, v in written.items()],
+        )
+        con.execute(
+            "CREATE TRIGGER items_fts_delete AFTER DELETE ON items BEGIN"
+            " DELETE FROM items_fts WHERE rowid = old.id; END"
+        )
+        con.execute("ALTER TABLE items DROP COLUMN pos")
+        con.execute("DELETE FROM schema_migrations WHERE version >= 7")
+        con.commit()
+    finally:
+        con.close()
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert fts_rows(path) == written
+        hits = await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=3)
+        assert [h.position for h in hits] == [2]
+        con = sqlite3.connect(path)
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+        con.close()
+        assert "items_fts_content" not in tables  # no second copy of every message's text
+        await store.delete_session(ALICE)
+        assert fts_rows(path) == {}
+        assert await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=3) == []
     finally:
         await store.close()
