@@ -27,7 +27,8 @@ targets for: c=16 throughput / the minimal pass-through (``pass`` >= 0.90,
 over it (<= 0.3 ms).
 
     python bench/overhead.py [--rounds 3] [--requests 400] [--concurrency 1 16]
-        [--only NAME ...] [--postgres URL] [--redis URL] [--no-postgres]
+        [--only NAME ...] [--baseline CHECKOUT] [--postgres URL] [--redis URL]
+        [--no-postgres]
 """
 
 from __future__ import annotations
@@ -228,11 +229,14 @@ def start_proxy(
     config: Path,
     port: int,
     code: str | None = None,
+    repo: Path = REPO,
 ) -> int:
-    """Start a ctxproxy server (``code``: a ``-c`` program instead of ``-m proxy``); its pid."""
+    """Start a ctxproxy server (``code``: a ``-c`` program instead of ``-m proxy``; ``repo``:
+    the checkout it runs from); its pid."""
     start = ["-c", code] if code is not None else ["-m", "proxy"]
     cmd = [sys.executable, *start, "--config", str(config), "--port", str(port)]
-    procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL))
+    env = {**env, "PYTHONPATH": str(repo)}
+    procs.append(subprocess.Popen(cmd, env=env, cwd=repo, stdout=subprocess.DEVNULL))
     return procs[-1].pid
 
 
@@ -256,13 +260,19 @@ async def main_async(args: argparse.Namespace) -> int:
             "minimal": (f"http://127.0.0.1:{pass_port}/v1/chat/completions", procs[1].pid),
         }
 
-        def proxy(name: str, level: str = "info", code: str | None = None, **store: object) -> None:
+        def proxy(
+            name: str,
+            level: str = "info",
+            code: str | None = None,
+            repo: Path = REPO,
+            **store: object,
+        ) -> None:
             port = free_port()
             store = store or {"path": str(work / f"{name}.db")}
             extra = store.pop("extra", {})
             assert isinstance(extra, dict)
             config = proxy_config(work / f"{name}.json", up_port, store, level, **extra)
-            pid = start_proxy(procs, env, config, port, code)
+            pid = start_proxy(procs, env, config, port, code, repo)
             servers[name] = (f"http://127.0.0.1:{port}/v1/chat/completions", pid)
 
         proxy("ctxproxy")
@@ -289,6 +299,12 @@ async def main_async(args: argparse.Namespace) -> int:
         }
         if not args.no_postgres:
             scenarios["pg+s"] = ("pg", None, True)
+        if args.baseline is not None:
+            # Another checkout (an earlier commit) beside this one, in the same rounds.
+            proxy("baseline", repo=Path(args.baseline).resolve())
+            for name in ("pass", "trim+s", "balanced+s"):
+                _, bench, session = scenarios[name]
+                scenarios[f"{name}@base"] = ("baseline", bench, session)
         if args.only:
             scenarios = {k: v for k, v in scenarios.items() if k in {"minimal", *args.only}}
         for url, _ in servers.values():
@@ -369,6 +385,15 @@ async def main_async(args: argparse.Namespace) -> int:
                     f"commit before the last byte, c={c}: p50 {cost:+.3f} ms, throughput "
                     f"{rps('commit+s', c) / rps('pass+s', c):.2f}x of the write-after path"
                 )
+        for name in ("pass", "trim+s", "balanced+s"):
+            for c in args.concurrency:
+                if (f"{name}@base", c) in results:
+                    now = statistics.median(cpu[(name, c)])
+                    then = statistics.median(cpu[(f"{name}@base", c)])
+                    print(
+                        f"{name} c={c} vs the baseline checkout: CPU per request {now / then:.2f}x,"
+                        f" throughput {ratio(name, c) / ratio(f'{name}@base', c):.2f}x"
+                    )
         if ("trim+s", 16) in results and ("trim+s@warn", 16) in results:
             info_cpu = statistics.median(cpu[("trim+s", 16)])
             warn_cpu = statistics.median(cpu[("trim+s@warn", 16)])
@@ -396,6 +421,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--only", nargs="+", help="run only these scenarios (and minimal)")
+    parser.add_argument(
+        "--baseline", help="another checkout's path: its pass, trim+s, balanced+s run alongside"
+    )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument(

@@ -17,10 +17,12 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick] [--only retention,modes,latency,storage,embeddings]
+    python bench/recall.py [--quick] [--only retention,modes,latency,pg-latency,storage,embeddings]
 
-``embeddings``: semantic recall's rows, fusion-weight sweep and cost
-(bench/recall_embeddings.py).
+``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
+default the test server ``postgresql://postgres@127.0.0.1:5432/test``, in a
+schema of its own, dropped after). ``embeddings``: semantic recall's rows,
+fusion-weight sweep and cost (bench/recall_embeddings.py).
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ from proxy.context.tokens import counter_for
 from proxy.http.sessions import content_hash
 from proxy.ops.replay import locomo_dialogue
 from proxy.store import sqlite_jobs
-from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
+from proxy.store.postgres import PostgresStore
+from proxy.store.search_backends import recall_index_for
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
 from proxy.telemetry.metrics import Metrics
@@ -286,12 +290,13 @@ def session_of(conversations: list[list[dict[str, Any]]], turns: int) -> list[di
 
 
 async def latency(
-    store: SqliteStore,
+    store: Store,
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
     rounds: int,
 ) -> list[tuple[int, float, float, float, float, float]]:
-    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    """The recall step's time per request on ``store``'s own index (SQLite or PostgreSQL)."""
+    service = RecallService(recall_index_for(store), Metrics())
     out = []
     for turns in (100, 1000, 5000):
         ref = SessionRef("bench", f"latency-{turns}")
@@ -332,6 +337,37 @@ async def latency(
         cpu99 = cpu[min(len(cpu) - 1, int(len(cpu) * 0.99))]
         out.append((turns, p50, p99, statistics.mean(times), cpu[len(cpu) // 2], cpu99))
     return out
+
+
+def print_latency(backend: str, lat: list[tuple[int, float, float, float, float, float]]) -> None:
+    print(
+        f"\n== time the recall step adds per request, {backend} "
+        "(share 0.7 of a 4000-token trim budget)"
+    )
+    print(
+        f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
+    )
+    for turns, p50, p99, mean, c50, c99 in lat:
+        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
+    print(
+        f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores)"
+    )
+
+
+async def pg_latency(
+    conversations: list[list[dict[str, Any]]], questions: list[Question], rounds: int
+) -> list[tuple[int, float, float, float, float, float]]:
+    """:func:`latency` on a PostgreSQL store, in a schema of its own (dropped after)."""
+    url = os.environ.get("CTXPROXY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+    schema = f"bench_recall_{os.getpid()}"
+    store = PostgresStore(url, pool_size=2, schema=schema)
+    await store.open()
+    try:
+        return await latency(store, conversations, questions, rounds)
+    finally:
+        await store.pool.execute(f"DROP SCHEMA {schema} CASCADE")
+        await store.close()
 
 
 async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> dict[str, Any]:
@@ -399,7 +435,7 @@ async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]
 
 def sections() -> set[str]:
     """The sections to run (``--only a,b``; all by default)."""
-    every = {"retention", "modes", "latency", "storage", "embeddings"}
+    every = {"retention", "modes", "latency", "pg-latency", "storage", "embeddings"}
     if "--only" in sys.argv:
         chosen = set(sys.argv[sys.argv.index("--only") + 1].split(","))
         unknown = chosen - every
@@ -417,6 +453,7 @@ async def main() -> None:
         return
     conversations, questions = load()
     asked = questions[:200] if quick else questions
+    rounds = 100 if quick else 500
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
     store = SqliteStore(directory / "bench.db")
     await store.open()
@@ -439,29 +476,21 @@ async def main() -> None:
             mode_rows = await modes(store, conversations, asked)
             print_retention(mode_rows, len(asked), "mode, share")
         if "latency" in only:
-            lat = await latency(store, conversations, questions, 100 if quick else 500)
+            lat = await latency(store, conversations, questions, rounds)
         if "embeddings" in only:
             me = sys.modules[__name__]
             stored = [[message_in(m) for m in c] for c in conversations]
             rows = await recall_embeddings.sweep(me, store, stored, asked)
             print_retention(rows, len(asked), "embeddings, weight")
             recall_embeddings.print_latency(
-                await recall_embeddings.latency(
-                    me, store, conversations, questions, 100 if quick else 500
-                )
+                await recall_embeddings.latency(me, store, conversations, questions, rounds)
             )
     finally:
         await store.close()
     if lat:
-        print("\n== time the recall step adds per request (share 0.7 of a 4000-token trim budget)")
-        print(
-            f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
-        )
-        for turns, p50, p99, mean, c50, c99 in lat:
-            print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
-        print(
-            f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
-        )
+        print_latency("SQLite", lat)
+    if "pg-latency" in only:
+        print_latency("PostgreSQL", await pg_latency(conversations, questions, rounds))
     if "storage" in only:
         cost = await storage(conversations, 400 if quick else 2000)
         n = cost.pop("messages")

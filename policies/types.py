@@ -54,7 +54,7 @@ class RecallSpec:
     neighbors: int = 1
     # "none": lexical search; "wordllama": lexical and semantic, fused.
     embeddings: str = "none"
-    # Hits the index is asked for (and as many nearest vectors).
+    # Hits the index is asked for (the nearest vectors: proxy/context/recall.py).
     candidates: int = 40
     # The semantic share of the fused score (policies/fusion.py); measured in bench/recall.py.
     semantic_weight: float = SEMANTIC_WEIGHT

@@ -303,7 +303,7 @@ RECALL = obj(
             "none",
             "wordllama",
         ),
-        "candidates": integer("Hits the index is asked for (and nearest vectors).", 1, 500),
+        "candidates": integer("Hits the index is asked for.", 1, 500),
         "semantic_weight": {
             "description": "The semantic share of the fused score (needs embeddings: wordllama).",
             "anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"$ref": "#/$defs/env"}],

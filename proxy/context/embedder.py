@@ -25,10 +25,17 @@ questions with whole texts, 61% with content words).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+# One BLAS thread, set before numpy loads OpenBLAS: a search's matrix-vector
+# product (10,000 x 256) runs on the event loop, and OpenBLAS's own threads
+# fighting the proxy's for two cores made it 1-6 ms instead of 0.3-0.7
+# (bench/recall.py). An operator's own setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 import numpy.typing as npt

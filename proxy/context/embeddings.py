@@ -81,6 +81,10 @@ class Embeddings:
     def start(self) -> None:
         """Load the model on a worker thread, once (a no-op when loaded or loading)."""
         if self._loading is None and not self.embedder.loaded:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # no event loop here (a reload outside one): the first request
+                return
             self._loading = self._background.spawn(self._load(), name="embedder-load")
 
     async def _load(self) -> None:

@@ -184,9 +184,22 @@ class Rewriter:
 
             return counted
         by_id = {} if keys is None else {id(m): k for m, k in zip(messages, keys, strict=True)}
+        # A policy counts each message several times (a summarize policy's plan and
+        # its prefetch: ~3 times per message): the request's own messages, alive as
+        # long as this counter, are counted once; the policy's own copies each time
+        # (their ids may be reused once they are gone).
+        memo: dict[int, int] = {}
 
         def count(message: Message) -> int:
+            i = id(message)
+            n = memo.get(i)
+            if n is not None:
+                return n
+            key = by_id.get(i)
             # Messages the policy made itself (clipped copies, summaries) have no key.
-            return counter.count_message(message, by_id.get(id(message)))
+            n = counter.count_message(message, key)
+            if key is not None:
+                memo[i] = n
+            return n
 
         return count

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ from proxy.store.base import (
     StoredSummary,
     SummaryIn,
     chain_path_hashes,
+    path_hash,
 )
 from proxy.telemetry.logging import get_logger
 from proxy.telemetry.metrics import Metrics
@@ -87,6 +89,14 @@ class SummaryContext:
     summarizer: Callable[[], Summarizer]
     # The route's name: the summarizer's circuit breaker is per route.
     route: str = ""
+
+    @functools.cached_property
+    def paths(self) -> list[str] | None:
+        """Path hashes of ``messages`` (None without a session): computed once per request,
+        for the decision and the prefetch after the answer alike."""
+        if self.ref is None or self.hashes is None:
+            return None
+        return chain_path_hashes(self.hashes)
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,7 @@ class SummaryService:
         ``dry_run`` (previews): nothing is made or stored; a needed summary
         shows as the fallback with status ``needed``.
         """
-        paths = chain_path_hashes(ctx.hashes) if ctx.ref and ctx.hashes is not None else None
+        paths = ctx.paths
         states = await self._states(ctx.ref, paths) if ctx.ref and paths else []
         planned = plan(ctx.messages, ctx.spec, ctx.count, ctx.budget, states)
         if planned.decision is not None:
@@ -199,7 +209,8 @@ class SummaryService:
         assert ctx.ref is not None and ctx.hashes is not None
         messages = [*ctx.messages, reply]
         hashes = [*ctx.hashes, reply_hash]
-        paths = chain_path_hashes(hashes)
+        known = ctx.paths or []
+        paths = [*known, path_hash(known[-1] if known else None, reply_hash)]
         states = await self._states(ctx.ref, paths)
         task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states)
         if task is None:

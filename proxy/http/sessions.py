@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +31,13 @@ def tenant_of(api_key: str | None) -> str:
     """A stable, non-reversible tenant id: the same key always maps to the same tenant."""
     if not api_key:
         return ANONYMOUS_TENANT
+    return _tenant_hash(api_key)
+
+
+# Cached per key (issue 16: a client sends the same key on every request). Held
+# in this process only, as the key already is while its request runs; never logged.
+@functools.lru_cache(maxsize=4096)
+def _tenant_hash(api_key: str) -> str:
     return hashlib.sha256(b"ctxproxy-tenant:" + api_key.encode()).hexdigest()[:24]
 
 

@@ -126,7 +126,7 @@ def check_chat(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A chat completions body's shape; returns its messages."""
     messages = check_chat_envelope(body)
     for i, message in enumerate(messages):
-        _message(message, f"messages[{i}]")
+        _message(message, i)
     return messages
 
 
@@ -134,7 +134,7 @@ def check_chat_message(message: dict[str, Any], index: int) -> None:
     """One message of ``messages`` (at ``index``): what :func:`check_chat` checks of each,
     and its depth when the body was parsed with ``deferred="messages"``."""
     check_element_depth(message)
-    _message(message, f"messages[{index}]")
+    _message(message, index)
 
 
 def check_chat_envelope(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -159,7 +159,23 @@ def check_chat_envelope(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _message(message: dict[str, Any], at: str) -> None:
+# A message with only these keys, a known role and text content (most of them)
+# needs no further look: no per-field paths are built for it.
+_PLAIN_KEYS = frozenset({"role", "content", "name"})
+
+
+def _message(message: dict[str, Any], where: str | int) -> None:
+    """``where``: the message's name in errors (an int: its index in ``messages``)."""
+    if message.keys() <= _PLAIN_KEYS:
+        role, content, name = message.get("role"), message.get("content"), message.get("name")
+        if (
+            type(role) is str
+            and role in ROLES
+            and (content is None or type(content) is str)
+            and (name is None or type(name) is str)
+        ):
+            return
+    at = f"messages[{where}]" if isinstance(where, int) else where
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise InvalidRequest(

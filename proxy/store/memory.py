@@ -469,6 +469,12 @@ class MemoryStore:
                 del by_path[self._items.pop(item_id).path_hash]
                 del self._messages[item_id]
             if gone:
+                # Vectors: entries stay (cursors are positions in the list), emptied.
+                vectors = self._vectors.get(row.id, [])
+                vectors[:] = [
+                    replace(v, content_hash="", vector=b"") if v.item_id in gone else v
+                    for v in vectors
+                ]
                 summaries = self._summaries.get(row.id, [])
                 summaries[:] = [d for d in summaries if _summary(d).covers_item_id not in gone]
             if row.head_item_id in gone:

@@ -430,7 +430,8 @@ return {#members, deleted}
 # ARGV: 1 prefix, 2 tenant, 3 response id. Returns 1 if it was there. Deletes
 # what only it holds (proxy/store/pruning.py): its mapping, its own request
 # rows, the items only its chain reaches with their postings in the recall
-# index, the summaries covering any of them; the session when nothing is left.
+# index and their vectors (emptied in place: readers' cursors are positions in
+# the list), the summaries covering any of them; the session when nothing is left.
 DELETE_RESPONSE = (
     "#!lua\n"
     + PRELUDE
@@ -535,6 +536,16 @@ if #order > 0 then
   if indexed > 0 then
     redis.call('HINCRBY', s, 'xn', -indexed)
     redis.call('HINCRBY', s, 'xl', -total)
+  end
+  -- Their vectors: the list's entries stay (cursors are positions in it), emptied.
+  local vectors = P .. 'v:' .. sid
+  local entries = redis.call('LRANGE', vectors, 0, -1)
+  for i, entry in ipairs(entries) do
+    local id = string.match(entry, '^(%d+):')
+    if gone[id] then
+      redis.call('LSET', vectors, i - 1, id .. ':0::')
+      redis.call('SREM', P .. 'y:' .. sid, id)
+    end
   end
   -- Summaries covering a deleted item (their text holds its content).
   local summaries = redis.call('HGETALL', P .. 'm:' .. sid)

@@ -38,6 +38,7 @@ from proxy.store.chains import ChainCache
 from proxy.store.migrations import MIGRATIONS, migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_history import SqliteHistoryCache
+from proxy.store.summary_memo import SummaryMemo
 from proxy.store.writer import SqliteWriter
 
 _T = TypeVar("_T")
@@ -101,6 +102,7 @@ class SqliteStore:
         caches = caches or CacheBudget()
         self._chains = ChainCache(max_bytes=caches.chains)
         self._histories = SqliteHistoryCache(max_bytes=caches.histories)
+        self._summaries = SummaryMemo()
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: aiosqlite.Connection | None = None
         self._writer: SqliteWriter | None = None
@@ -253,6 +255,7 @@ class SqliteStore:
             return
         result = future.result()
         if result is not None:
+            self._summaries.written(session, result.session_id)
             ids = [*result.item_ids, *([] if result.reply_id is None else [result.reply_id])]
             self._chains.committed(session, result.session_id, content, paths, ids)
 
@@ -322,7 +325,10 @@ class SqliteStore:
         sessions = "DELETE FROM sessions WHERE tenant = ? AND key = ? RETURNING id"
         self._chains.forget(session)
         self._histories.forget(session)
-        return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
+        try:
+            return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
+        finally:
+            self._summaries.changed()
 
     async def delete_idle_sessions(self, older_than: float) -> int:
         # Requests made before their session existed have no session id for
@@ -332,7 +338,10 @@ class SqliteStore:
             " (SELECT tenant, key FROM sessions WHERE updated_at < ?)"
         )
         sessions = "DELETE FROM sessions WHERE updated_at < ? RETURNING id"
-        return len(await self._delete(requests, sessions, (older_than,)))
+        try:
+            return len(await self._delete(requests, sessions, (older_than,)))
+        finally:
+            self._summaries.changed()
 
     async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
         # Whole sessions (maybe thousands of rows): on the writer's thread, not the loop.
@@ -354,7 +363,9 @@ class SqliteStore:
             jobs.record_response, session, list(conversation), list(output), response, request
         )
         # The client gets its answer after this commit: no linger.
-        return await self._write(job, urgent=True)
+        result: ExchangeResult = await self._write(job, urgent=True)
+        self._summaries.written(session, result.session_id)
+        return result
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
         rows = await self._fetch(_RESPONSE, (tenant, response_id))
@@ -379,7 +390,10 @@ class SqliteStore:
     async def delete_response(self, tenant: str, response_id: str) -> bool:
         # A walk along the chain: on the writer's thread, not the loop.
         job = functools.partial(jobs.delete_response, tenant, response_id)
-        return await self._write(job, inline=False)
+        try:
+            return await self._write(job, inline=False)
+        finally:
+            self._summaries.changed()
 
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 
@@ -390,22 +404,37 @@ class SqliteStore:
         job = functools.partial(
             sqlite_summaries.save_summary_job, jobs.store_chain, session, list(covered), summary
         )
-        return await self._write(job)
+        try:
+            return await self._write(job)
+        finally:
+            self._summaries.changed(session)
 
     async def summaries(self, session: SessionRef) -> list[StoredSummary]:
         rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))
         return [summary_from_row(row) for row in rows]
 
+    async def _session_summaries(
+        self, session: SessionRef
+    ) -> tuple[int | None, list[StoredSummary]]:
+        """The session's id (None: none) and its summaries: what the memo keeps."""
+        rows = await self._fetch(
+            "SELECT id FROM sessions WHERE tenant = ? AND key = ?", (session.tenant, session.key)
+        )
+        if not rows:
+            return None, []
+        return int(rows[0][0]), await self.summaries(session)
+
     async def summaries_for(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
     ) -> list[StoredSummary]:
-        covers = await self._fetch(sqlite_summaries.SESSION_COVERS, (session.tenant, session.key))
-        ids = sqlite_summaries.covering([(row[0], row[1]) for row in covers], path_hashes, limit)
-        if not ids:
+        # Memoized per session (proxy/store/summary_memo.py): no read while nothing changed.
+        found = await self._summaries.summaries(session, lambda: self._session_summaries(session))
+        if not found:
             return []
-        marks = ", ".join("?" * len(ids))
-        rows = await self._fetch(f"SELECT * FROM summaries WHERE id IN ({marks})", tuple(ids))
-        by_id = {row["id"]: summary_from_row(row) for row in rows}
+        ids = sqlite_summaries.covering(
+            [(s.id, s.covers_path_hash) for s in found], path_hashes, limit
+        )
+        by_id = {s.id: s for s in found}
         return [by_id[i] for i in ids]
 
 

@@ -27,13 +27,6 @@ SESSION_SUMMARIES = """
     WHERE sessions.tenant = ? AND sessions.key = ? ORDER BY summaries.id
 """
 
-# Only what matching needs: the texts are read for the few that match.
-SESSION_COVERS = """
-    SELECT summaries.id, summaries.covers_path_hash FROM summaries
-    JOIN sessions ON sessions.id = summaries.session_id
-    WHERE sessions.tenant = ? AND sessions.key = ?
-"""
-
 _INSERT = """
     INSERT INTO summaries (session_id, covers_item_id, covers_path_hash, start_unit,
         previous_summary_id, text, facts_json, flagged_json, model, prompt_hash, usage_json,

@@ -16,8 +16,10 @@ from redis.asyncio import Redis
 from proxy.store.base import FencedOut, ResponseIn, SessionRef, SummaryIn
 from proxy.store.redis import RedisStore, RedisStoreError
 from proxy.store.redis_vectors import RedisVectorIndex
+from proxy.store.search_backends import vector_index_for
 from proxy.store.vectors import ItemVector
 from tests.servers import require_redis
+from tests.store.test_responses import chained
 from tests.stores import ALICE, ScratchRedisStore, msg, req
 
 SYSTEM, U1, A1, U2 = (
@@ -343,3 +345,29 @@ async def test_a_deleted_response_leaves_the_index_as_if_it_had_never_been(
     assert await session_state(deleted, result.session_id) == await session_state(
         never, result.session_id
     )
+
+
+async def test_a_deleted_responses_vectors_leave_redis_and_cursors_stay_positions(
+    open_store: Opener,
+) -> None:
+    store = await open_store()
+    await chained(store)
+    items = await store.history(ALICE)
+    index = vector_index_for(store)
+    assert index is not None
+    secret = b"\x11\x22"
+    await index.put_vectors(
+        ALICE, [ItemVector(it.id, i, it.content_hash, secret) for i, it in enumerate(items)]
+    )
+    assert await store.delete_response(ALICE.tenant, "resp_2")
+    kept = {it.id for it in await store.history(ALICE)}
+    client = Redis.from_url(require_redis())
+    try:
+        sid = items[0].session_id
+        entries = await client.lrange(f"{store.prefix}v:{sid}", 0, -1)
+        with_vector = await client.smembers(f"{store.prefix}y:{sid}")
+    finally:
+        await client.aclose()
+    assert len(entries) == len(items)  # positions kept for readers' cursors
+    assert {int(e.split(b":")[0]) for e in entries if e.endswith(secret)} == kept
+    assert {int(i) for i in with_vector} == kept

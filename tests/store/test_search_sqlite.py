@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,58 @@ async def test_index_rows_are_deleted_with_their_session(tmp_path: Path):
         assert fts_rows(path) == {}
     finally:
         await store.close()
+
+
+@contextlib.asynccontextmanager
+async def opened(path: Path) -> AsyncIterator[SqliteStore]:
+    """An open SQLite store in ``path``, closed after."""
+    s = SqliteStore(path / "s.sqlite")
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_statistics_kept_between_searches_score_as_a_fresh_count(tmp_path: Path):
+    # The index keeps each session's totals and common terms between searches and
+    # counts only what was added since: its hits and scores are a fresh index's.
+    async with opened(tmp_path) as store:
+        kept = SqliteRecallIndex(store.fetch)
+        await store.record_exchange(ALICE, conversation(), None, req())
+        await kept.search(ALICE, ["order", "lyon"], limit=5)
+        more = [*TEXTS, "Lyon again: the order is late.", "Sorry about the order."] * 3
+        await store.record_exchange(ALICE, conversation(more), None, req())
+        for terms in (["order", "lyon"], ["late", "painting"], ["order"]):
+            again = await kept.search(ALICE, terms, limit=30)
+            fresh = await SqliteRecallIndex(store.fetch).search(ALICE, terms, limit=30)
+            assert again == fresh and again
+
+
+async def test_a_session_deleted_and_made_again_is_counted_afresh(tmp_path: Path):
+    async with opened(tmp_path) as store:
+        index = SqliteRecallIndex(store.fetch)
+        await store.record_exchange(ALICE, conversation(TEXTS * 4), None, req())
+        assert await index.search(ALICE, ["lyon"], limit=10)
+        await store.delete_session(ALICE)
+        await store.record_exchange(ALICE, conversation(["Lyon is lovely.", "It is."]), None, req())
+        hits = await index.search(ALICE, ["lyon"], limit=10)
+        assert hits == await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=10)
+        assert [h.position for h in hits] == [0]
+
+
+async def test_a_query_of_common_words_only_ranks_by_the_rarest_every_time(tmp_path: Path):
+    # Words in most of a long session are skipped when rarer ones are there and
+    # remembered as common; with nothing rarer they are still fetched and ranked.
+    async with opened(tmp_path) as store:
+        index = SqliteRecallIndex(store.fetch)
+        texts = [f"the order {i} is shipped" for i in range(120)] + ["the order is lost"]
+        await store.record_exchange(ALICE, conversation(texts), None, req())
+        rare = await index.search(ALICE, ["order", "lost"], limit=3)
+        assert [h.position for h in rare][:1] == [120]
+        first = await index.search(ALICE, ["order", "shipped"], limit=3)
+        second = await index.search(ALICE, ["order", "shipped"], limit=3)
+        assert first == second and len(first) == 3
 
 
 async def test_the_index_keeps_no_copy_of_the_text_and_a_version_6_database_migrates(

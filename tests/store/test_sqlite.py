@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from proxy.store import sqlite_jobs
-from proxy.store.base import MessageIn, RequestRecord, SessionRef
+from proxy.store.base import MessageIn, RequestRecord, SessionRef, SummaryIn, chain_path_hashes
 from proxy.store.migrations import MIGRATIONS, migrate, split_statements
 from proxy.store.sqlite import SqliteStore
 from tests.stores import ALICE, msg, req
@@ -314,3 +314,73 @@ async def test_using_a_closed_store_is_an_error(db_path: Path) -> None:
     await s.close()
     with pytest.raises(RuntimeError, match="not open"):
         await s.record_exchange(ALICE, [U1], None, record)
+
+
+def counting_reads(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every query the store sends its read connection, recorded."""
+    queries: list[str] = []
+    fetch = store._fetch
+
+    async def recording(query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
+        queries.append(query)
+        return await fetch(query, params)
+
+    monkeypatch.setattr(store, "_fetch", recording)
+    return queries
+
+
+async def test_summaries_are_read_once_per_session_until_a_write_changes_them(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    paths = chain_path_hashes([SYSTEM.content_hash, U1.content_hash, A1.content_hash])
+    reads = counting_reads(store, monkeypatch)
+    assert await store.summaries_for(ALICE, paths) == []
+    assert await store.summaries_for(ALICE, paths) == []
+    first = len(reads)  # none found is remembered too: no read for a request needing none
+    saved = await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
+    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
+    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
+    assert len(reads) == 2 * first
+    assert await store.delete_session(ALICE)
+    assert await store.summaries_for(ALICE, paths) == []
+
+
+async def test_a_session_another_process_deleted_loses_its_memoized_summaries_at_the_next_write(
+    store: SqliteStore, db_path: Path
+) -> None:
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    paths = chain_path_hashes([SYSTEM.content_hash, U1.content_hash, A1.content_hash])
+    await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
+    assert len(await store.summaries_for(ALICE, paths)) == 1
+    other = SqliteStore(db_path)  # `python -m proxy sessions delete` while the proxy runs
+    await other.open()
+    try:
+        assert await other.delete_session(ALICE)
+    finally:
+        await other.close()
+    # The session made again by the next exchange: another id, so the memo is dropped.
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    assert await store.summaries_for(ALICE, paths) == []
+
+
+async def test_a_summary_read_overtaken_by_a_write_is_not_remembered(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    paths = chain_path_hashes([SYSTEM.content_hash, U1.content_hash])
+    release = asyncio.Event()
+    summaries = store.summaries
+
+    async def slow(session: SessionRef) -> Any:
+        found = await summaries(session)  # read before the write commits...
+        await release.wait()  # ...and handed back after it did
+        return found
+
+    monkeypatch.setattr(store, "summaries", slow)
+    early = asyncio.ensure_future(store.summaries_for(ALICE, paths))
+    await asyncio.sleep(0.05)
+    saved = await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
+    release.set()
+    assert await early == []
+    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
