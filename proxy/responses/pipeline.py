@@ -63,6 +63,7 @@ from proxy.responses.replay import Replay, ids_of, replay
 from proxy.responses.stream import ResponseAssembler, response_from_body
 from proxy.runtime import Runtime
 from proxy.store.base import (
+    ExchangeResult,
     MessageIn,
     RequestRecord,
     ResponseIn,
@@ -383,7 +384,7 @@ class ResponsesExchange(ChatExchange):
         )
         started = time.perf_counter()
         try:
-            await self.rt.store.record_response(ref, conversation, output, stored, record)
+            result = await self.rt.store.record_response(ref, conversation, output, stored, record)
         except Exception as exc:
             # The boundary where a failed write is contained: the client still
             # gets the upstream's answer; only the chain is lost (and logged).
@@ -392,6 +393,33 @@ class ResponsesExchange(ChatExchange):
             )
             return
         self.rt.metrics.store_seconds.observe(("write",), time.perf_counter() - started)
+        self._embed_items(ref, conversation, output, result)
+
+    def _embed_items(
+        self,
+        ref: SessionRef,
+        conversation: list[MessageIn],
+        output: list[MessageIn],
+        result: ExchangeResult,
+    ) -> None:
+        """Stored: its new input and output items go to the embedder (background, batched)."""
+        embeddings = self.rt.recall.embeddings
+        if embeddings is None or self.recall is None or not self.recall.embed:
+            return
+        if len(result.output_ids) != len(output):
+            return  # a store that did not say which ids the output got: lexical only
+        # The output follows the input in the chain: one run of items, new ones last.
+        embeddings.stored(
+            ref,
+            [*conversation, *output],
+            None,
+            ExchangeResult(
+                result.session_id,
+                [*result.item_ids, *result.output_ids],
+                None,
+                result.new_messages + len(output),
+            ),
+        )
 
     def _finish(
         self,

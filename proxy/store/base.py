@@ -144,6 +144,9 @@ class ExchangeResult:
     reply_id: int | None
     # How many of the conversation's messages were new to the store.
     new_messages: int
+    # A response's output items' ids, in order (``record_response``; the last is
+    # ``reply_id``): what the background embedder needs to find them.
+    output_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -396,7 +396,9 @@ class MemoryStore:
             self._add_request(
                 request, row.id, session.tenant, session.key, created_at, item_ids, reply_id
             )
-            return ExchangeResult(row.id, item_ids, reply_id, new_messages)
+            return ExchangeResult(
+                row.id, item_ids, reply_id, new_messages, tuple(ids[len(conversation) :])
+            )
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
         async with self._lock:

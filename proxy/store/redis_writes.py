@@ -125,4 +125,5 @@ class RecordCall:
                 self.session, session_id, self.content, self.prefix.path_hashes, ids
             )
         reply_id = ids[-1] if len(self.chain) > self.conv else None
-        return ExchangeResult(session_id, ids[: self.conv], reply_id, int(out[2]))
+        outputs = tuple(ids[self.conv :]) if self.mode == "response" else ()
+        return ExchangeResult(session_id, ids[: self.conv], reply_id, int(out[2]), outputs)

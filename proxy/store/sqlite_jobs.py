@@ -249,7 +249,9 @@ def record_response(
         conn, request, session_id, created_at, session=session, item_ids=item_ids, reply_id=reply_id
     )
     new_messages = sum(1 for i in missing if i < len(conversation))
-    return ExchangeResult(session_id, item_ids, reply_id, new_messages)
+    return ExchangeResult(
+        session_id, item_ids, reply_id, new_messages, tuple(ids[len(conversation) :])
+    )
 
 
 _CHAIN_UP = chain_up_sql("?")

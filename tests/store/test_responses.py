@@ -107,6 +107,17 @@ async def test_chained_response_reuses_the_stored_prefix(store: Store) -> None:
     assert stored is not None and stored.previous_response_id == "resp_1"
 
 
+async def test_a_response_says_which_ids_its_output_items_got(store: Store) -> None:
+    """The background embedder finds a response's output items by these ids."""
+    call = item({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"})
+    output = [said("thinking aloud", 1), call]
+    result = await store.record_response(ALICE, FIRST_IN, output, resp("resp_1"), req())
+
+    chain = await store.response_chain(ALICE.tenant, "resp_1")
+    assert list(result.output_ids) == [c.id for c in chain[len(FIRST_IN) :]]
+    assert result.output_ids[-1] == result.reply_id
+
+
 async def test_two_responses_to_one_previous_fork_the_chain(store: Store) -> None:
     await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
     base = [*FIRST_IN, *FIRST_OUT]
