@@ -22,6 +22,7 @@ metrics. No work at all for policies without a ``recall:`` block.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -114,11 +115,21 @@ def _system_words(conversation: Sequence[Message]) -> frozenset[str]:
     """Words of the leading system and developer messages: always forwarded, so a
     query term from them (the assistant's or the user's name, the product) only
     finds the turns that repeat them."""
-    out: set[str] = set()
+    texts: list[str] = []
     for message in conversation[:4]:
         if message.get("role") not in ("system", "developer"):
             break
-        out |= words_of(message_text(message)[:4000])
+        texts.append(message_text(message)[:4000])
+    return _words_of_texts(tuple(texts))
+
+
+# A session resends the same system prompt on every request: its words are
+# found once (bounded: a few prompts per route, a few routes).
+@functools.lru_cache(maxsize=256)
+def _words_of_texts(texts: tuple[str, ...]) -> frozenset[str]:
+    out: set[str] = set()
+    for text in texts:
+        out |= words_of(text)
     return frozenset(out)
 
 
