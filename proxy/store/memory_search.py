@@ -1,43 +1,24 @@
 """The in-memory fake of the recall index: BM25 over a MemoryStore's items, in Python.
 
 What :class:`~proxy.store.search.RecallIndex` promises, the simple way: words
-are lower-cased ``\\w+`` runs with a few English suffixes stripped (a stand-in
-for porter stemming), scores are Okapi BM25 (k1 1.2, b 0.75) over the
+are Porter-stemmed as SQLite's FTS5 and the Redis index stem them
+(proxy/store/search_text.py), scores are Okapi BM25 (k1 1.2, b 0.75) over the
 session's items. Fine for tests; the SQLite index is the production one.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
-from proxy.store.search_text import search_text
+from proxy.store.search_text import search_text, stem, words
 
 if TYPE_CHECKING:
     from proxy.store.memory import MemoryStore
-
-_WORD = re.compile(r"\w+")
-_SUFFIXES = ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "ly", "s")
-
-
-def stem(word: str) -> str:
-    stripped = True
-    while stripped:
-        stripped = False
-        for suffix in _SUFFIXES:
-            if len(word) > len(suffix) + 2 and word.endswith(suffix):
-                word, stripped = word[: -len(suffix)], True
-                break
-    return word[:-1] if len(word) > 3 and word.endswith("e") else word
-
-
-def words(text: str) -> list[str]:
-    return [stem(w) for w in _WORD.findall(text.lower())]
 
 
 class MemoryRecallIndex:

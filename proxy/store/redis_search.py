@@ -18,19 +18,15 @@ FTS5 counts tokens slightly differently.
 
 from __future__ import annotations
 
-import functools
-import re
-import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
-import snowballstemmer  # type: ignore[import-untyped]
 
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
-from proxy.store.search_text import search_text
+from proxy.store.search_text import search_text, stem, tokens, words
 
 
 class _Searchable(Protocol):
@@ -41,34 +37,13 @@ class _Searchable(Protocol):
     ) -> list[bytes]: ...
 
 
-# unicode61: letters and digits are token characters; everything else separates.
-_WORD = re.compile(r"[^\W_]+")
-_PORTER = snowballstemmer.stemmer("porter")
 # Distinct words per item that are indexed: a bound on one write's work.
 MAX_WORDS = 4096
 
 
-@functools.lru_cache(maxsize=65536)
-def stem(word: str) -> str:
-    # The stemmer is pure Python and slow (tens of microseconds a word); words repeat.
-    return str(_PORTER.stemWord(word))
-
-
-def _tokens(text: str) -> list[str]:
-    text = text.lower()
-    if not text.isascii():
-        decomposed = unicodedata.normalize("NFKD", text)
-        text = "".join(c for c in decomposed if not unicodedata.combining(c))
-    return _WORD.findall(text)
-
-
-def words(text: str) -> list[str]:
-    return [stem(w) for w in _tokens(text)]
-
-
 def index_terms(message: Mapping[str, Any]) -> str:
     """An item's words for the store script: ``"<length> word:tf word:tf ..."`` ('' for none)."""
-    found = _tokens(search_text(message))
+    found = tokens(search_text(message))
     if not found:
         return ""
     counts: Counter[str] = Counter()

@@ -9,8 +9,13 @@ not what a question about the conversation names.
 
 from __future__ import annotations
 
+import functools
+import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
+
+import snowballstemmer  # type: ignore[import-untyped]
 
 
 def search_text(message: Mapping[str, Any]) -> str:
@@ -41,3 +46,28 @@ def search_text(message: Mapping[str, Any]) -> str:
     if isinstance(output, str):
         parts.append(output)
     return "\n".join(parts).strip()
+
+
+# The words of that text as SQLite's FTS5 ``porter unicode61`` sees them, for
+# the indexes that tokenize in Python (Redis, the in-memory fake).
+# unicode61: letters and digits are token characters; everything else separates.
+_WORD = re.compile(r"[^\W_]+")
+_PORTER = snowballstemmer.stemmer("porter")
+
+
+@functools.lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    # The stemmer is pure Python and slow (tens of microseconds a word); words repeat.
+    return str(_PORTER.stemWord(word))
+
+
+def tokens(text: str) -> list[str]:
+    text = text.lower()
+    if not text.isascii():
+        decomposed = unicodedata.normalize("NFKD", text)
+        text = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return _WORD.findall(text)
+
+
+def words(text: str) -> list[str]:
+    return [stem(w) for w in tokens(text)]
