@@ -13,6 +13,7 @@ bundled tokenizer files are used, through ``TIKTOKEN_CACHE_DIR``.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 import math
 import os
@@ -118,6 +119,18 @@ def preload_encodings() -> None:
     """Load every supported encoding now (the app does, in a thread, at start-up)."""
     for name in SUPPORTED_ENCODINGS:
         load_encoding(name)
+    _release_freed_heap()
+
+
+def _release_freed_heap() -> None:
+    # Loading parses each encoding's file in Python (hundreds of thousands of
+    # short-lived objects, then the ranks dict dropped above); glibc keeps the
+    # heap they freed unless asked to return it: ~6 MB of RSS.
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to return
+        return
+    trim(0)
 
 
 def _default_cache_dir() -> None:
