@@ -5,7 +5,9 @@ A new backend adds its case here.
 
 from __future__ import annotations
 
-from proxy.store.base import Store
+from collections.abc import Callable
+
+from proxy.store.base import SessionRef, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
 from proxy.store.postgres import PostgresStore
@@ -31,6 +33,14 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return PostgresRecallIndex(store._fetch)
     if isinstance(store, RedisStore):
         return RedisRecallIndex(store)
+    return None
+
+
+def items_versions_for(store: Store) -> Callable[[SessionRef], int | None] | None:
+    """The version of a session's stored items, where the store knows every write of them
+    (SQLite: one process serves it); None elsewhere (the recall memo is then off)."""
+    if isinstance(store, SqliteStore):
+        return store.items_version
     return None
 
 
