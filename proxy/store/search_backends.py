@@ -7,7 +7,9 @@ SQLite proxy never needs (``build_store`` imports them lazily too).
 
 from __future__ import annotations
 
-from proxy.store.base import Store
+from collections.abc import Callable
+
+from proxy.store.base import SessionRef, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
 from proxy.store.search import RecallIndex
@@ -32,6 +34,14 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return PostgresRecallIndex(store._fetch)
     if isinstance(store, RedisStore):
         return RedisRecallIndex(store)
+    return None
+
+
+def items_versions_for(store: Store) -> Callable[[SessionRef], int | None] | None:
+    """The version of a session's stored items, where the store knows every write of them
+    (SQLite: one process serves it); None elsewhere (the recall memo is then off)."""
+    if isinstance(store, SqliteStore):
+        return store.items_version
     return None
 
 
