@@ -423,7 +423,7 @@ async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> 
     } | {"messages": 2 * exchanges}
 
 
-def _no_index(conn: Any, session_id: int, items: Any) -> None:
+def _no_index(conn: Any, item_ids: Any) -> None:
     return None
 
 

@@ -1,15 +1,16 @@
 """The SQLite recall index: FTS5 (``porter unicode61``) for matching, BM25 in Python.
 
-The table (``items_fts``, migration 5) indexes each item's searchable text
-(``body``), a token naming its session in ``scope`` (``s<session id>``), and
-its chain position in ``pos``. Since migration 7 it keeps no copy of them:
-it is an external-content table over the view ``items_fts_source``, which
-computes them from ``items`` (the text from ``message_json``, in SQL), so
-positions are read from ``items.pos``, never through the view. FTS5 finds
-the session's items that hold a term (``scope AND body : term``: the two
-doclists merged with skips), but its ``bm25()`` walks every phrase's whole
-doclist once per query for its statistics, the session's ``scope`` one
-included (most of a query's time at 5,000 stored turns). So a search is:
+The table (``items_fts``) indexes each item's searchable text with every word
+in its session's own namespace, ``s<session id>_<word>`` (migration 8), and
+the token ``s<session id>_`` in every indexed item of the session. It keeps
+no copy of the text: it is an external-content table over the view
+``items_fts_source``, which computes the prefixed text from ``items`` (the
+text from ``message_json``, in SQL); it holds rowids only (``detail =
+none``: no positions, no lengths), and positions are read from ``items.pos``.
+A term's doclist is the session's own, so matching it reads only the
+session's items that hold it (before migration 8 it was every session's,
+merged on each query with the session's ``scope`` doclist: most of a query's
+time at 5,000 stored turns). So a search is:
 
 1. one statement: the session's id, the items and tokens added to its
    index since this process last counted them (rowids only grow:
@@ -19,24 +20,30 @@ included (most of a query's time at 5,000 stored turns). So a search is:
    terms), and the rowids of the session's items holding each term, the
    index alone, no row read; a term's document frequency is its count;
 2. scores in Python, Okapi BM25 (k1 1.2, b 0.75) with each term counted once
-   per item (term frequency needs FTS5's ranking functions; chat messages
-   are short): first without length, to pick the candidates;
+   per item (the index keeps no term frequencies; chat messages are short):
+   first without length, to pick the candidates;
 3. one statement for the best candidates' positions, token counts and
    content hashes (a batch at a time while ``before`` leaves too few), then
    the length normalisation with the item's stored token count, and the order.
+
+A query term is looked up as the words the tokenizer makes of it (``_`` and
+every separator split it, as they split the indexed text): the index has no
+positions, so no phrases.
 
 A term found in most of a long session (:func:`informative`) weighs nearly
 nothing and would bring thousands of rowids: it is left out, and remembered
 as common for the session so later searches do not fetch it. Work is
 proportional to the matching items and to what was stored since the last
-search, not to the session.
+search, not to the session, nor to the other sessions.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 import sqlite3
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,10 +52,9 @@ from typing import Any
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
 
-# Items with no searchable text are not indexed (as migration 5 left them out).
+# An item without searchable text has a NULL body in the view: its row adds nothing.
 _INDEX = """
-    INSERT INTO items_fts (rowid, scope, body, pos)
-    SELECT id, scope, body, pos FROM items_fts_source WHERE id IN ({marks}) AND body != ''
+    INSERT INTO items_fts (rowid, body) SELECT id, body FROM items_fts_source WHERE id IN ({marks})
 """
 _CHUNK = 500
 
@@ -71,26 +77,36 @@ TERMS = 4096
 def _match_sql(terms: int) -> str:
     """Statement 1: the session, what its index gained since rowid ``?``, each term's rowids.
 
-    Parameters: tenant, key, twice the rowid the session's totals go up to,
-    then the terms. Row ``k = -1``: the session id, items and tokens added
-    after that rowid, the highest rowid now; then a row (``k``, rowid) per
-    match of term ``k``. One statement, so one snapshot.
+    Parameters: tenant, key, the rowid the session's totals go up to, then
+    the terms (:func:`words`). Row ``k = -1``: the session id, items and
+    tokens added after that rowid, the highest rowid now (NULL: none added);
+    then a row (``k``, the rowids of the session's items holding term ``k``,
+    comma-separated, NULL if none) per term. One statement, so one snapshot.
+    The items added are read newest first, so the scan stops at that rowid.
     """
     values = ", ".join("(?, ?)" for _ in range(terms))
     rowids = f"""
     UNION ALL
-    SELECT t.column1, f.rowid, NULL, NULL, NULL
-    FROM s, (VALUES {values}) AS t CROSS JOIN items_fts f
-    WHERE items_fts MATCH s.scope || ' AND body : ' || t.column2
+    SELECT t.column1, (
+        SELECT group_concat(rowid) FROM items_fts
+        WHERE items_fts MATCH '"' || s.prefix || t.column2 || '"'
+    ), NULL, NULL, NULL
+    FROM s, (VALUES {values}) AS t
     """
     return f"""
-    WITH s AS (SELECT id, 'scope : s' || id AS scope FROM sessions WHERE tenant = ? AND key = ?)
-    SELECT -1, s.id,
-        (SELECT count(*) FROM items_fts WHERE items_fts MATCH s.scope AND rowid > ?),
-        (SELECT coalesce(sum(i.token_count), 0) FROM items_fts f CROSS JOIN items i
-            ON i.id = f.rowid WHERE items_fts MATCH s.scope AND f.rowid > ?),
-        (SELECT rowid FROM items_fts WHERE items_fts MATCH s.scope ORDER BY rowid DESC LIMIT 1)
-    FROM s
+    WITH s AS (
+        SELECT id, 's' || id || '_' AS prefix, '"s' || id || '_"' AS scope
+        FROM sessions WHERE tenant = ? AND key = ?
+    ),
+    added AS (
+        SELECT count(*) AS items, coalesce(sum(i.token_count), 0) AS tokens, max(f.id) AS top
+        FROM (
+            SELECT rowid AS id FROM items_fts
+            WHERE items_fts MATCH coalesce((SELECT scope FROM s), '""') AND rowid > ?
+            ORDER BY rowid DESC
+        ) AS f CROSS JOIN items i ON i.id = f.id
+    )
+    SELECT -1, s.id, added.items, added.tokens, added.top FROM s, added
     {rowids if terms else ""}"""
 
 
@@ -153,14 +169,36 @@ def index_items(conn: sqlite3.Connection, item_ids: Sequence[int]) -> None:
         conn.execute(_INDEX.format(marks=marks), tuple(chunk))
 
 
-def _quote(term: str) -> str:
-    """A term as an FTS5 string (so no term is read as syntax)."""
-    return '"' + term.replace('"', '""') + '"'
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
+# unicode61 as the index has it (``_`` a token character), without porter: the
+# words it makes of a non-ASCII term. One in-memory table, behind a lock.
+_PROBE = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+_PROBE.execute(
+    "CREATE VIRTUAL TABLE probe USING fts5 (body, tokenize = 'unicode61 tokenchars ''_''')"
+)
+_PROBE.execute("CREATE VIRTUAL TABLE probe_words USING fts5vocab (probe, instance)")
+_PROBE_LOCK = threading.Lock()
 
 
-def match_expression(terms: Sequence[str]) -> str:
-    """The terms as an FTS5 OR expression, each quoted."""
-    return " OR ".join(_quote(t) for t in terms)
+@functools.lru_cache(maxsize=8192)
+def words(term: str) -> tuple[str, ...]:
+    """The index's words for a query term, each one token of the indexed text.
+
+    The view writes a space for ``_`` and for each separator, so they split a
+    term here too; a letter unicode61 does not know splits it as in the text.
+    Letters and digits only: no FTS5 syntax can come through.
+    """
+    term = term.lower().replace("_", " ")
+    if term.isascii():
+        return tuple(_ASCII_WORD.findall(term))
+    with _PROBE_LOCK:
+        _PROBE.execute("BEGIN")
+        try:
+            _PROBE.execute("INSERT INTO probe (body) VALUES (?)", (term,))
+            found = _PROBE.execute("SELECT term FROM probe_words ORDER BY offset").fetchall()
+        finally:
+            _PROBE.execute("ROLLBACK")
+    return tuple(str(w) for (w,) in found)
 
 
 class SqliteRecallIndex:
@@ -184,7 +222,7 @@ class SqliteRecallIndex:
         if not terms or limit <= 0:
             return []
         key = (session.tenant, session.key)
-        quoted = list(dict.fromkeys(_quote(t) for t in terms))
+        quoted = list(dict.fromkeys(w for t in terms for w in words(t)))
         found = await self._match(key, quoted)
         if found is None:
             return []
@@ -216,10 +254,14 @@ class SqliteRecallIndex:
         df = dict(zip(quoted, counts, strict=True))
         idf = {t: math.log(1 + (items - df[t] + 0.5) / (df[t] + 0.5)) for t in chosen}
         rough: dict[int, float] = {}
+        get = rough.get
         for t in chosen:
+            weight = idf[t]
             for rowid in matches[t]:
-                rough[rowid] = rough.get(rowid, 0.0) + idf[t]
-        order = sorted(rough, key=lambda r: (-rough[r], -r))
+                rough[rowid] = get(rowid, 0.0) + weight
+        # Best first, the newest of equals first (tuples: compared without a key function).
+        ranked = sorted(zip(rough.values(), rough, strict=True), reverse=True)
+        order = [rowid for _, rowid in ranked]
         average = max(1.0, totals[1] / items)
         bound = _NO_LIMIT if before is None else before
         hits: list[SearchHit] = []
@@ -273,7 +315,7 @@ class SqliteRecallIndex:
                 t for t in terms if stats is None or stats.common.get(t, 0) <= cap or t in force
             ]
             pairs = [x for k, t in enumerate(wanted) for x in (k, t)]
-            rows = await self._fetch(_match_sql(len(wanted)), (*key, totals[2], totals[2], *pairs))
+            rows = await self._fetch(_match_sql(len(wanted)), (*key, totals[2], *pairs))
             head = next((r for r in rows if r[0] == -1), None)
             if head is None:
                 self._stats.pop(key, None)
@@ -292,9 +334,8 @@ class SqliteRecallIndex:
             self._stats.move_to_end(key)
             while len(self._stats) > SESSIONS:
                 self._stats.popitem(last=False)
-            matches: dict[str, list[int]] = {}
-            for r in rows:
-                if r[0] >= 0:
-                    matches.setdefault(wanted[r[0]], []).append(int(r[1]))
+            matches = {
+                wanted[r[0]]: [int(x) for x in r[1].split(",")] for r in rows if r[0] >= 0 and r[1]
+            }
             return stats, now, matches
         return None
