@@ -186,10 +186,19 @@ class MessageCache:
         keys = lookup.keys
         if lookup.base >= 0 and old is not None and old.size == lookup.base:
             # The list as kept, then what is new: only the new messages are sized.
+            # The kept keys, not the ones just built: those share their strings
+            # with the copy just parsed, which would then be held as well as the
+            # message kept (twice each message's text).
             n = lookup.matched
             size = lookup.base + sum(map(message_bytes, keys[n:], out[n:]))
+            keys = old.keys[:n] + keys[n:]
         else:
             size = sum(map(message_bytes, keys, out))
+            # The same for a message found by key among the older ones.
+            keys = [
+                message_key(m.message) if f is not None and isinstance(k, tuple) else k
+                for k, m, f in zip(keys, out, lookup.found, strict=True)
+            ]
         if size > self.max_bytes:
             return
         self._sessions[slot] = _Entry(how, keys, out, size)

@@ -1,6 +1,8 @@
 """Which recall index (and vector index) serves a store: one per backend.
 
-A new backend adds its case here.
+A new backend adds its case here. The PostgreSQL and Redis modules are imported
+only when such a store is in use: asyncpg and redis-py are ~10 MB of RSS that a
+SQLite proxy never needs (``build_store`` imports them lazily too).
 """
 
 from __future__ import annotations
@@ -10,12 +12,6 @@ from collections.abc import Callable
 from proxy.store.base import SessionRef, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
-from proxy.store.postgres import PostgresStore
-from proxy.store.postgres_search import PostgresRecallIndex
-from proxy.store.postgres_vectors import PostgresVectorIndex
-from proxy.store.redis import RedisStore
-from proxy.store.redis_search import RedisRecallIndex
-from proxy.store.redis_vectors import RedisVectorIndex
 from proxy.store.search import RecallIndex
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
@@ -29,6 +25,11 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return SqliteRecallIndex(store.fetch)
     if isinstance(store, MemoryStore):
         return MemoryRecallIndex(store)
+    from proxy.store.postgres import PostgresStore
+    from proxy.store.postgres_search import PostgresRecallIndex
+    from proxy.store.redis import RedisStore
+    from proxy.store.redis_search import RedisRecallIndex
+
     if isinstance(store, PostgresStore):
         return PostgresRecallIndex(store._fetch)
     if isinstance(store, RedisStore):
@@ -50,6 +51,11 @@ def vector_index_for(store: Store) -> VectorIndex | None:
         return SqliteVectorIndex(store.fetch, store.write)
     if isinstance(store, MemoryStore):
         return store
+    from proxy.store.postgres import PostgresStore
+    from proxy.store.postgres_vectors import PostgresVectorIndex
+    from proxy.store.redis import RedisStore
+    from proxy.store.redis_vectors import RedisVectorIndex
+
     if isinstance(store, PostgresStore):
         return PostgresVectorIndex(store._fetch, store._transaction)
     if isinstance(store, RedisStore):
