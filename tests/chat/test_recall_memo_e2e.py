@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from policies.summarize import plan
+from proxy.context import summaries
 from tests.chat.test_recall_e2e import POLICY, QUESTION, ROUTE, block_index, user_turn
 from tests.chat.test_trim_e2e import client
 from tests.harness import query
@@ -68,3 +70,43 @@ def test_a_resent_request_is_recalled_without_a_search_until_the_session_changes
     asked += [{"role": "assistant", "content": answer}, {"role": "user", "content": QUESTION}]
     send()
     assert len(searches) == 3
+
+
+def test_a_resent_balanced_request_forwards_what_the_last_one_did_from_the_memos(
+    fake, start_proxy, tmp_path, monkeypatch
+):
+    upstream, _ = fake
+    route = {"match": {"path": "/v1/chat/completions"}, "upstream": "default"}
+    proxy = start_proxy(routes=[{**route, "policy": "balanced"}])
+    c = client(proxy, "memo-balanced")
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a shop assistant."}]
+    history += [{"role": "user", "content": user_turn(t)} for t in range(1, 15)]
+    history.append({"role": "user", "content": QUESTION})
+    plans, searches = [], []
+    index = proxy.runtime.recall._index
+    search = index.search
+
+    def counted_plan(*args: Any, **kwargs: Any) -> Any:
+        plans.append(args)
+        return plan(*args, **kwargs)
+
+    async def counted_search(*args: Any, **kwargs: Any) -> Any:
+        searches.append(args)
+        return await search(*args, **kwargs)
+
+    monkeypatch.setattr(summaries, "plan", counted_plan)
+    index.search = counted_search
+    raws = []
+    for _ in range(4):
+        raws.append(c.chat.completions.with_raw_response.create(model="gpt-4o", messages=history))
+        proxy.drain()
+    # The first made the summary and stored the history: the second planned and
+    # searched over what is stored now, the last two took what it found.
+    assert [r.headers["x-context-summary"] for r in raws] == ["created", *["reused"] * 3]
+    assert (len(plans), len(searches)) == (2, 2)
+    assert raws[-1].headers["x-context-recall"] == "recalled"
+    chats = [r for r in upstream.received if r.json.get("messages", [{}])[-1] == history[-1]]
+    assert chats[-1].raw == chats[-2].raw == chats[-3].raw
+    assert recall_detail(tmp_path, raws[-1].headers["x-ctxproxy-request-id"]) == recall_detail(
+        tmp_path, raws[-2].headers["x-ctxproxy-request-id"]
+    )
