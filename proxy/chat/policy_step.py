@@ -96,7 +96,16 @@ async def summarize(
         )
 
     ctx = SummaryContext(
-        ref, spec, conversation, hashes, count, budget, summarizer, route=route.name, model=model
+        ref,
+        spec,
+        conversation,
+        hashes,
+        count,
+        budget,
+        summarizer,
+        route=route.name,
+        model=model,
+        chains=rt.summaries.chains,
     )
     try:
         outcome = await rt.summaries.decide(ctx, dry_run=dry_run)

@@ -48,6 +48,7 @@ from policies.types import (
 )
 from proxy.background import Background
 from proxy.config.model import UpstreamConfig
+from proxy.context.chain_paths import ChainPaths
 from proxy.context.circuit import Breaker
 from proxy.context.plan_memo import PlanMemo, PlannedView, plan_key
 from proxy.context.summarizer import (
@@ -94,12 +95,17 @@ class SummaryContext:
     # The model ``count`` counts for ("": unknown, so no plan is memoized).
     model: str = ""
 
+    # The session's last path hashes (None: each request hashes its whole history).
+    chains: ChainPaths | None = None
+
     @functools.cached_property
     def paths(self) -> list[str] | None:
         """Path hashes of ``messages`` (None without a session): computed once per request,
         for the decision and the prefetch after the answer alike."""
         if self.ref is None or self.hashes is None:
             return None
+        if self.chains is not None:
+            return self.chains.of(self.ref, self.hashes)
         return chain_path_hashes(self.hashes)
 
 
@@ -155,6 +161,8 @@ class SummaryService:
         self.breaker.register(metrics)
         # Each session's last plan, for a request planned as the last one was.
         self.memo = PlanMemo()
+        # Each session's last path hashes, for the prefix its next request resends.
+        self.chains = ChainPaths()
         # Stored summaries as plans take them: made once per (summary, position).
         self._seen: OrderedDict[tuple[int, int], SummaryState] = OrderedDict()
 
