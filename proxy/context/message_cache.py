@@ -7,10 +7,10 @@ keeps, per session, the :class:`MessageIn` (content hash, role, token count)
 of each message the session sent last time, with an exact key for each:
 
 - a message whose values are all strings (or null), the usual chat
-  message, is keyed by its keys and values in one flat tuple (``("role",
-  "user", "content", "hi")``: a key is always a string, so the pairs are
-  unambiguous), sharing the strings of the message kept; comparing compares
-  the strings byte for byte, in C;
+  message, is keyed by its keys, then its values, in one flat tuple
+  (``("role", "content", "user", "hi")``: the first half are the keys, so
+  it is unambiguous), sharing the strings of the message kept; comparing
+  compares the strings byte for byte, in C;
 - any other message by its JSON as the client sent it (orjson, no key
   sorting), copied to an exact-size buffer (orjson's own is allocated
   several times larger than the JSON). ``1``, ``1.0`` and ``true``
@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import chain
 from typing import Any, NamedTuple
 
 import orjson
@@ -89,8 +88,9 @@ def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | Non
         if value is not None and type(value) is not str:
             break
     else:
-        # Flat, not a tuple of pairs: 72 bytes instead of 168 for a two-field message.
-        return tuple(chain.from_iterable(message.items()))
+        # Flat, not a tuple of pairs: 72 bytes instead of 168 for a two-field
+        # message, and as fast to build as ``tuple(message.items())``.
+        return (*message.keys(), *message.values())
     try:
         # An exact-size copy: orjson's buffer is several times the JSON's size.
         return bytes(memoryview(orjson.dumps(message)))
@@ -101,7 +101,7 @@ def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | Non
 def message_bytes(key: Key | None, message: MessageIn) -> int:
     """The bytes holding ``message`` and its key is estimated to take."""
     if isinstance(key, tuple):
-        text = sum(len(v) for v in key[1::2] if v is not None)
+        text = sum(len(v) for v in key[len(key) // 2 :] if v is not None)
         return text + PER_MESSAGE
     if isinstance(key, bytes):
         # The JSON copy, and the parsed message about as large.
@@ -138,10 +138,9 @@ class MessageCache:
         entry = self._sessions.get((ref.tenant, ref.key))
         if entry is None:
             return Lookup(keys, [None] * len(keys), None)
-        found = _known(keys, entry)
-        n = len(entry.keys)
-        if len(keys) >= n and keys[:n] == entry.keys and None not in entry.keys:
-            return Lookup(keys, found, entry.how, entry.size, n)
+        found, resent = _known(keys, entry)
+        if resent:
+            return Lookup(keys, found, entry.how, entry.size, len(entry.keys))
         return Lookup(keys, found, entry.how)
 
     def messages(
@@ -218,14 +217,16 @@ class MessageCache:
             self._bytes -= old.size
 
 
-def _known(keys: list[Key | None], entry: _Entry) -> list[MessageIn | None]:
-    """What ``entry`` knows of each message (None where nothing), in order.
+def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], bool]:
+    """What ``entry`` knows of each message (None where nothing), in order, and
+    whether its whole list was resent first.
 
     Position by position while the keys are the same, then, if older messages
     remain, by key among those.
     """
     old, stored = entry.keys, entry.stored
-    if keys[: len(old)] == old and None not in old:  # the history resent: one comparison in C
+    resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
+    if resent:  # the history resent: one comparison in C
         same = len(old)
     else:
         same = 0
@@ -240,7 +241,7 @@ def _known(keys: list[Key | None], entry: _Entry) -> list[MessageIn | None]:
             out.extend(rest.get(k) if k is not None else None for k in keys[same:])
         else:
             out.extend([None] * (len(keys) - same))
-    return out
+    return out, resent
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
