@@ -81,6 +81,11 @@ FILL_ROUNDS = 6
 # What a tool call's window holds after the assistant message that makes it.
 _IN_WINDOW = SYSTEM_ROLES | {"tool"}
 
+# json.dumps(..., ensure_ascii=False, separators=(",", ":")) without making an encoder
+# per call, and the string encoder it uses.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_STRING = json.encoder.encode_basestring
+
 # Message keys a client may send with a time on it (not OpenAI's; some clients do).
 _TIME_KEYS = ("timestamp", "created_at", "time", "date")
 
@@ -381,14 +386,15 @@ class ChatShape:
         it and the tool results right after it (system messages between them
         included) form one unit, whichever of them was hit."""
         start = i
-        if self._role(i) == "tool":
+        role = self._role(i)
+        if role != "tool" and (role != "assistant" or not self.messages[i].get("tool_calls")):
+            return i, i + 1  # the common case: a message alone
+        if role == "tool":
             start = i - 1
             while start >= 0 and self._role(start) in _IN_WINDOW:
                 start -= 1
             if start < 0 or not self._calls(start):
                 return i, i + 1  # a result outside any window (repaired: never recalled)
-        elif not self._calls(i):
-            return i, i + 1
         end = start + 1
         n = len(self.messages)
         while end < n and self._role(end) in _IN_WINDOW:
@@ -400,6 +406,9 @@ class ChatShape:
     def quoted(self, i: int) -> dict[str, object]:
         message = self.messages[i]
         role = message.get("role")
+        content = message.get("content")
+        if len(message) == 2 and isinstance(content, str) and role is not None:
+            return {"role": role, "text": content}  # what the general case makes of it
         quoted: dict[str, object] = {"role": role}
         name = message.get("name")
         if isinstance(name, str) and name:
@@ -447,7 +456,7 @@ class _Picker:
         start, end = self.shape.bounds(i)
         if end > self.newest:
             return None  # the newest turn is always forwarded
-        if end == start + 1:  # a message alone (most units): i itself, not pinned
+        if end == start + 1:  # message i alone (not pinned): the checks below, for it
             if not _has(self.dropped, i) or (self.repaired and _has(self.repaired, i)):
                 return None
             return start, end
@@ -504,8 +513,18 @@ def _lines(shape: Shape, span: tuple[int, int]) -> str:
     for i in range(*span):
         if shape.pinned(i):
             continue
-        quoted: dict[str, object] = {"position": i + 1, **shape.quoted(i)}
-        out.append(json.dumps(quoted, ensure_ascii=False, separators=(",", ":")))
+        fields = shape.quoted(i)
+        role, text = fields.get("role"), fields.get("text")
+        if (
+            len(fields) == 2
+            and type(role) is str
+            and type(text) is str
+            and next(iter(fields)) == "role"
+        ):
+            # What the encoder writes for {"position", "role", "text"}, without it.
+            out.append(f'{{"position":{i + 1},"role":{_STRING(role)},"text":{_STRING(text)}}}')
+        else:
+            out.append(_JSON.encode({"position": i + 1, **fields}))
     return "\n".join(out)
 
 

@@ -132,7 +132,7 @@ def plan(
     states: Sequence[SummaryState] = (),
 ) -> Plan:
     """What to forward, or which summary to make first (see the module docstring)."""
-    return _plan(_shape(messages, count, budget.fixed), spec, count, budget, states, True)
+    return _plan(_shape(messages, count, budget.fixed), spec, count, budget, states)
 
 
 def _plan(
@@ -141,23 +141,30 @@ def _plan(
     count: CountFn,
     budget: Budget,
     states: Sequence[SummaryState],
-    with_fallback: bool,
+    ahead: bool = False,
 ) -> Plan:
+    """``ahead``: for :func:`prefetch`, which reads the task only (no view, no fallback)."""
     limit = budget.limit if budget.limit is not None else limit_of(spec)
     s = spec.keep_first_turns
     total, answer, fact_tokens = allowance(spec, limit)
     # Where a new summary would end now: no stored one may end later.
     cut = _new_cut(shape, spec, limit, total)
     state, cut0 = _best_state(shape, spec, states, cut)
+
+    def view(state: SummaryState | None, cut: int) -> Plan:
+        if ahead:
+            return Plan(reused=state)
+        return Plan(decision=_view(shape, spec, count, limit, state, cut), reused=state)
+
     if state is not None:
         cost = _summary_cost(state, spec, count)
         if not _over(shape, spec, limit, s + shape.n - cut0, _tokens(shape, s, cut0, cost)):
-            return Plan(decision=_view(shape, spec, count, limit, state, cut0), reused=state)
+            return view(state, cut0)
     elif not _over(shape, spec, limit, shape.n, shape.base + shape.units_cost(0, shape.n)):
-        return Plan(decision=_view(shape, spec, count, limit, None, 0))
+        return view(None, 0)
     if cut <= max(s, cut0):
         # Nothing more can be summarized: the view as it is, trimmed to the budget.
-        return Plan(decision=_view(shape, spec, count, limit, state, cut0), reused=state)
+        return view(state, cut0)
     previous = state  # a usable state always covers at least one unit
     source = tuple(shape.members(cut0 if previous is not None else s, cut))
     empty = count({"content": ""})
@@ -179,7 +186,7 @@ def _plan(
         facts=facts,
         max_tokens=answer,
     )
-    backup = fallback(shape.msgs, spec, count, budget) if with_fallback else None
+    backup = None if ahead else fallback(shape.msgs, spec, count, budget)
     return Plan(task=task, fallback=backup)
 
 
@@ -243,7 +250,7 @@ def prefetch(
         spec, trigger_tokens=lower(spec.trigger_tokens), max_tokens=lower(limit)
     )
     try:
-        found = _plan(shape, scaled, count, Budget(fixed=budget.fixed), states, False)
+        found = _plan(shape, scaled, count, Budget(fixed=budget.fixed), states, ahead=True)
     except ContextTooLong:
         return None
     task = found.task

@@ -311,3 +311,27 @@ def test_responses_items_come_back_in_the_policys_units():
         shape.pinned(0)
         and recall(items, decision, [Hit(0, 9.0)], simple_count, 400, shape=shape)[1].spans == ()
     )
+
+
+@given(st.lists(st.text(max_size=40), min_size=3, max_size=3))
+def test_a_plain_message_is_quoted_exactly_as_the_json_encoder_quotes_it(texts: list[str]):
+    # Plain {role, content} messages take a short path to their line: the same bytes.
+    messages = chat()
+    named = {"role": "user", "content": texts[2], "name": "ann"}
+    messages[5:8] = [
+        {"role": "user", "content": texts[0] + '"</recalled_turns>\n\\'},
+        {"role": "assistant", "content": texts[1] + "é 京 \u2028"},
+        named,
+    ]
+    decision = trimmed(messages, 200)
+    hit = [Hit(6, 3.0)]
+    out, got = recall(messages, decision, hit, simple_count, 400, neighbors=1, fill=False)
+    assert got.spans == ((5, 6), (6, 7), (7, 8))
+    block = out.messages[got.position]["content"]
+    expected = [
+        {"position": 6, "role": "user", "text": messages[5]["content"]},
+        {"position": 7, "role": "assistant", "text": messages[6]["content"]},
+        {"position": 8, "role": "user", "name": "ann", "text": texts[2]},
+    ]
+    for line in expected:
+        assert "\n" + json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" in block
