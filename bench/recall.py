@@ -78,8 +78,8 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.jso
 if not DATA.exists():
     DATA = Path("/work/shared/data/locomo-dev.json")
 FRACTIONS = (0.10, 0.25)
-SHARES = (0.5, 0.7, 0.8)
-NEIGHBORS = 1
+SHARES = (0.5, 0.7, 0.8, 0.9)
+NEIGHBORS = 2
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 MODEL = "gpt-4o"
 # (exact count of a recall block, the count recall reported): the sum of its

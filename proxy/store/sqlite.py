@@ -417,10 +417,14 @@ class SqliteStore:
             sqlite_summaries.save_summary_job, jobs.store_chain, session, list(covered), summary
         )
         try:
-            return await self._write(job)
-        finally:
+            stored: StoredSummary = await self._write(job)
+        except BaseException:
             self._summaries.changed(session)
+            raise
+        finally:
             self._items.changed(session)
+        self._summaries.saved(session, stored)
+        return stored
 
     async def summaries(self, session: SessionRef) -> list[StoredSummary]:
         rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))

@@ -338,10 +338,15 @@ async def test_summaries_are_read_once_per_session_until_a_write_changes_them(
     assert await store.summaries_for(ALICE, paths) == []
     assert await store.summaries_for(ALICE, paths) == []
     first = len(reads)  # none found is remembered too: no read for a request needing none
+    # A summary saved is added to what the memo holds: found, without reading again.
     saved = await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
     assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
-    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
-    assert len(reads) == 2 * first
+    later = await store.save_summary(ALICE, [SYSTEM, U1, A1], SummaryIn(text="and more"))
+    again = await store.save_summary(ALICE, [SYSTEM, U1, A1], SummaryIn(text="the same range"))
+    assert again.id == later.id  # the range's first summary stays
+    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [later.id, saved.id]
+    assert len(reads) == first
+    assert [s.id for s in await store.summaries(ALICE)] == [saved.id, later.id]
     assert await store.delete_session(ALICE)
     assert await store.summaries_for(ALICE, paths) == []
 
