@@ -105,7 +105,9 @@ class _Shape:
         return without(self.bounds[lo], self.bounds[hi], skip)
 
 
-def _shape(messages: Sequence[Message], count: CountFn, fixed: int) -> _Shape:
+def _shape(
+    messages: Sequence[Message], count: CountFn, fixed: int, sizes: Sequence[int] | None = None
+) -> _Shape:
     msgs = list(messages)
     roles = roles_of(msgs)
     system = [i for i, role in enumerate(roles) if role in SYSTEM_ROLES]
@@ -116,7 +118,7 @@ def _shape(messages: Sequence[Message], count: CountFn, fixed: int) -> _Shape:
     if any(i not in skip for i in range(first_user)):
         bounds.insert(0, 0)
     bounds.append(len(msgs))
-    costs = list(map(count, msgs))
+    costs = list(map(count, msgs)) if sizes is None else list(sizes)
     member = [0 if i in skip else c for i, c in enumerate(costs)]
     q = [0, *accumulate(member)]
     units = [q[bounds[k + 1]] - q[bounds[k]] for k in range(len(bounds) - 1)]
@@ -130,9 +132,15 @@ def plan(
     count: CountFn,
     budget: Budget,
     states: Sequence[SummaryState] = (),
+    sizes: Sequence[int] | None = None,
 ) -> Plan:
-    """What to forward, or which summary to make first (see the module docstring)."""
-    return _plan(_shape(messages, count, budget.fixed), spec, count, budget, states)
+    """What to forward, or which summary to make first (see the module docstring).
+
+    ``sizes``: each message's token count, when the caller has them (the
+    proxy does): the plan then calls ``count`` only for messages it makes.
+    """
+    shape = _shape(messages, count, budget.fixed, sizes)
+    return _plan(shape, spec, count, budget, states)
 
 
 def _plan(
@@ -225,6 +233,7 @@ def prefetch(
     count: CountFn,
     budget: Budget,
     states: Sequence[SummaryState] = (),
+    sizes: Sequence[int] | None = None,
 ) -> SummaryTask | None:
     """The summary the next request will need, when it is near: None when it is not.
 
@@ -232,12 +241,14 @@ def prefetch(
     request is imagined as one more user turn that costs what the newest
     turn did (at least ``prefetch_margin`` of each token limit), so a
     summary is made before the trigger is crossed. Indexes in the task refer
-    to ``messages``.
+    to ``messages``; ``sizes`` their token counts, as for :func:`plan`.
     """
     if not spec.prefetch:
         return None
     ahead = [*messages, {"role": "user", "content": ""}]
-    shape = _shape(ahead, count, budget.fixed)
+    if sizes is not None:
+        sizes = [*sizes, count(ahead[-1])]
+    shape = _shape(ahead, count, budget.fixed, sizes)
     newest = shape.units_cost(shape.n - 2, shape.n - 1) if shape.n > 1 else 0
     limit = budget.limit if budget.limit is not None else limit_of(spec)
 

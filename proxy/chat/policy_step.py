@@ -106,6 +106,7 @@ async def summarize(
         route=route.name,
         model=model,
         chains=rt.summaries.chains,
+        sizes=counts,
     )
     try:
         outcome = await rt.summaries.decide(ctx, dry_run=dry_run)

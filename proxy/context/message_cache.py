@@ -80,6 +80,8 @@ class Lookup(NamedTuple):
     # (only what follows is sized anew). -1: it was not.
     base: int = -1
     matched: int = 0
+    # How many leading messages are the entry's, position by position.
+    same: int = 0
 
 
 def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | None:
@@ -138,10 +140,10 @@ class MessageCache:
         entry = self._sessions.get((ref.tenant, ref.key))
         if entry is None:
             return Lookup(keys, [None] * len(keys), None)
-        found, resent = _known(keys, entry)
-        if resent:
-            return Lookup(keys, found, entry.how, entry.size, len(entry.keys))
-        return Lookup(keys, found, entry.how)
+        found, same = _known(keys, entry)
+        if same == len(entry.keys):  # (no None in them: _known stops at one)
+            return Lookup(keys, found, entry.how, entry.size, same, same)
+        return Lookup(keys, found, entry.how, same=same)
 
     def messages(
         self,
@@ -198,11 +200,14 @@ class MessageCache:
             keys = old.keys[:n] + keys[n:]
         else:
             size = sum(map(message_bytes, keys, out))
-            # The same for a message found by key among the older ones.
-            keys = [
+            # The same for the leading messages kept, and for a message found by
+            # key among the older ones (its key rebuilt over the kept strings).
+            n = lookup.same if old is not None else 0
+            tail = [
                 message_key(m.message) if f is not None and isinstance(k, tuple) else k
-                for k, m, f in zip(keys, out, lookup.found, strict=True)
+                for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
             ]
+            keys = old.keys[:n] + tail if old is not None else tail
         if size > self.max_bytes:
             return
         self._sessions[slot] = _Entry(how, keys, out, size)
@@ -217,9 +222,9 @@ class MessageCache:
             self._bytes -= old.size
 
 
-def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], bool]:
-    """What ``entry`` knows of each message (None where nothing), in order, and
-    whether its whole list was resent first.
+def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], int]:
+    """What ``entry`` knows of each message (None where nothing), in order, and how
+    many leading messages are the entry's own, position by position.
 
     Position by position while the keys are the same, then, if older messages
     remain, by key among those.
@@ -241,7 +246,7 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
             out.extend(rest.get(k) if k is not None else None for k in keys[same:])
         else:
             out.extend([None] * (len(keys) - same))
-    return out, resent
+    return out, same
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:

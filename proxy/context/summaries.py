@@ -97,6 +97,8 @@ class SummaryContext:
 
     # The session's last path hashes (None: each request hashes its whole history).
     chains: ChainPaths | None = None
+    # Token counts of ``messages`` by position, when known (the plan counts no message again).
+    sizes: Sequence[int] | None = None
 
     @functools.cached_property
     def paths(self) -> list[str] | None:
@@ -185,7 +187,7 @@ class SummaryService:
                 self.metrics.count_summary("reused")
             decision = known.decision_for(ctx.messages)
             return SummaryOutcome(decision, known.status, summary_id=known.summary_id)
-        planned = plan(ctx.messages, ctx.spec, ctx.count, ctx.budget, states)
+        planned = plan(ctx.messages, ctx.spec, ctx.count, ctx.budget, states, ctx.sizes)
         if planned.decision is not None:
             if planned.reused is None:
                 outcome = SummaryOutcome(planned.decision, "none")
@@ -248,14 +250,15 @@ class SummaryService:
         key = self._key(ctx, paths, len(messages), states)
         if key is not None and self.memo.idle(ctx.ref, key):
             return  # planned before: nothing to make
-        task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states)
+        sizes = None if ctx.sizes is None else [*ctx.sizes, ctx.count(reply)]
+        task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states, sizes)
         if task is None:
             if key is not None:
                 self.memo.remember_idle(ctx.ref, key)
             return
         key = (ctx.ref, task.start_unit, paths[task.end - 1])
         if key not in self._inflight and self.breaker.allow(ctx.route):
-            ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes)
+            ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes, sizes=sizes)
             await self._start(key, ahead, task, paths, prefetched=True)
 
     @staticmethod
