@@ -206,6 +206,9 @@ class ChatExchange:
                 self.conversation = [self.conversation[i] for i in keep]
                 self.hashes = [self.hashes[i] for i in keep]
                 counts = [counts[i] for i in keep]
+        else:
+            # Nothing to store: only the counts (each message hashed for the count cache).
+            counts = counter.count_all(self.conversation)
         choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
         self.mode_rule = mode_rule(self.route, choice)
