@@ -48,7 +48,7 @@ from proxy.http.shape import (
 from proxy.runtime import Runtime
 from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef, StoredItem
 from proxy.telemetry.cache_usage import cache_usage
-from proxy.telemetry.logging import get_logger
+from proxy.telemetry.logging import get_logger, log_line
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
 from proxy.upstream.cache_hints import splice_field
 
@@ -680,36 +680,39 @@ class ChatExchange:
 
     def _log(self, r: RequestRecord) -> None:
         # A 5xx is the proxy's or the upstream's failure: warning, so alerts can key on level.
-        (log.warning if r.status >= 500 else log.info)(
+        log_line(
+            "warning" if r.status >= 500 else "info",
             "request_completed",
-            request_id=r.id,
-            session=r.session_key,
-            tenant=r.tenant,
-            route=r.route,
-            policy=r.policy,
-            mode=r.mode,
-            model=r.model,
-            stream=r.stream,
-            status=r.status,
-            upstream_status=r.upstream_status,
-            messages_before=r.messages_before,
-            messages_after=r.messages_after,
-            tokens_before=r.tokens_before,
-            tokens_after=r.tokens_after,
-            turns_dropped=r.turns_dropped,
-            messages_dropped=r.messages_dropped,
-            reason=r.reason,
-            summary_used=self.summary.status if self.summary else None,
-            fallback=r.detail.get("fallback"),
-            **(recall_log_fields(self.recall) if self.recall is not None else {}),
-            incomplete=r.incomplete,
-            stable_prefix=r.stable_prefix,
-            upstream_prompt_tokens=r.upstream_prompt_tokens,
-            cached_tokens=r.cached_tokens,
-            cache_write_tokens=r.cache_write_tokens,
-            error=r.error,
-            upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
-            total_ms=round(r.total_ms or 0.0, 2),
+            {
+                "request_id": r.id,
+                "session": r.session_key,
+                "tenant": r.tenant,
+                "route": r.route,
+                "policy": r.policy,
+                "mode": r.mode,
+                "model": r.model,
+                "stream": r.stream,
+                "status": r.status,
+                "upstream_status": r.upstream_status,
+                "messages_before": r.messages_before,
+                "messages_after": r.messages_after,
+                "tokens_before": r.tokens_before,
+                "tokens_after": r.tokens_after,
+                "turns_dropped": r.turns_dropped,
+                "messages_dropped": r.messages_dropped,
+                "reason": r.reason,
+                "summary_used": self.summary.status if self.summary else None,
+                "fallback": r.detail.get("fallback"),
+                **(recall_log_fields(self.recall) if self.recall is not None else {}),
+                "incomplete": r.incomplete,
+                "stable_prefix": r.stable_prefix,
+                "upstream_prompt_tokens": r.upstream_prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+                "cache_write_tokens": r.cache_write_tokens,
+                "error": r.error,
+                "upstream_ms": round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
+                "total_ms": round(r.total_ms or 0.0, 2),
+            },
         )
 
 
