@@ -12,12 +12,13 @@ import functools
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from policies.types import Decision, SummarizeSpec
 from proxy.chat.cache_step import CacheHints, cache_hints, measure_stable_prefix
@@ -29,6 +30,7 @@ from proxy.context.recall import RecallOutcome
 from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.client_keys import request_tenant
 from proxy.http.sessions import (
@@ -112,6 +114,8 @@ class ChatExchange:
         self.stable_prefix: int | None = None
         # The prompt-cache hints sent upstream (prompt_cache_key, breakpoints).
         self.cache: CacheHints | None = None
+        # What is left to do once the answer is sent (see ``sent``).
+        self.after: Callable[[], object] | None = None
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -126,6 +130,12 @@ class ChatExchange:
             self._unlock()
             self.rt.release()
             raise
+
+    def sent(self) -> None:
+        """The answer was sent (or its sending ended): record the exchange, if that waited."""
+        after, self.after = self.after, None
+        if after is not None:
+            after()
 
     async def _run(self) -> Response:
         self.raw = await read_body(
@@ -325,7 +335,8 @@ class ChatExchange:
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
-        future = self._finish(
+        finish = functools.partial(
+            self._finish,
             response.status,
             reply,
             usage=usage,
@@ -333,9 +344,13 @@ class ChatExchange:
             error=invalid,
             failed=invalid is not None,
         )
-        if future is not None and self._durable():
+        if self._durable():
             # The next request replays this one: committed before the client has it.
-            await self._committed(future)
+            await self._committed(finish())
+        else:
+            # The row, the log line and the metrics once the answer is on its way: not
+            # between the upstream's last byte and the client's (see ``sent``).
+            self.after = finish
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
@@ -716,7 +731,19 @@ class ChatExchange:
         )
 
 
-async def chat_completions(request: Request) -> Response:
-    rt: Runtime = request.app.state.runtime
-    # Pinned: a config reload mid-request must not change this request's route or policy.
-    return await ChatExchange(rt.pin(), request).run()
+class ChatCompletions:
+    """The endpoint, a raw ASGI app (Starlette mounts it as a route): the answer is sent
+    without Starlette's Response machinery (proxy/http/asgi.py), then recorded."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt: Runtime = scope["app"].state.runtime
+        # Pinned: a config reload mid-request must not change this request's route or policy.
+        exchange = ChatExchange(rt.pin(), Request(scope, receive, send))
+        response = await exchange.run()
+        try:
+            await respond(response, receive, send)
+        finally:
+            exchange.sent()
+
+
+chat_completions = ChatCompletions()
