@@ -19,7 +19,8 @@ about 200 tokens each (the 20-message, ~4k-token body of bench/overhead.py).
 
 Prints one table beside the figures of issue 16 ("now") and the targets.
 
-    python bench/history.py [--rounds 3] [--quick] [--no-memory] [--cache 1GiB]
+    python bench/history.py [--rounds 3] [--quick] [--no-memory] [--only cpu|memory]
+        [--cache 1GiB]
 """
 
 from __future__ import annotations
@@ -361,22 +362,29 @@ async def main_async(args: argparse.Namespace) -> int:
         upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env)
         proxies: list[Proxy] = []
         try:
-            cpu_proxy = Proxy(tmp, "cpu", up_port, args.cache)
-            proxies.append(cpu_proxy)
-            await wait_ready(cpu_proxy.url)
-            print(f"warm request CPU (load {load()})", flush=True)
-            cpu = await cpu_phase(cpu_proxy, args.rounds, sizes, counts)
-            cpu_proxy.stop()
-            stored = storage(cpu_proxy.db)
+            cpu: dict[tuple[str, int, int], list[float]] = {}
+            stored: dict[str, Any] = {}
+            if args.only != "memory":
+                cpu_proxy = Proxy(tmp, "cpu", up_port, args.cache)
+                proxies.append(cpu_proxy)
+                await wait_ready(cpu_proxy.url)
+                print(f"warm request CPU (load {load()})", flush=True)
+                cpu = await cpu_phase(cpu_proxy, args.rounds, sizes, counts)
+                cpu_proxy.stop()
+                stored = storage(cpu_proxy.db)
             memory: list[tuple[int, float]] = []
-            if not args.no_memory:
+            if not args.no_memory and args.only != "cpu":
                 mem_proxy = Proxy(tmp, "memory", up_port, args.cache)
                 proxies.append(mem_proxy)
                 await wait_ready(mem_proxy.url)
                 print(f"memory (load {load()})", flush=True)
                 memory = await memory_phase(mem_proxy, steps, 20)
                 mem_proxy.stop()
-            table(cpu, sizes, counts, memory, stored)
+            if cpu:
+                table(cpu, sizes, counts, memory, stored)
+            else:
+                for total, rss in memory:
+                    print(f"RSS after {total} sessions x 20 turns: {rss:.0f} MB")
         finally:
             for p in proxies:
                 if p.proc.poll() is None:
@@ -393,6 +401,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, 200 and 1,000 sessions")
     parser.add_argument("--no-memory", action="store_true", help="leave out the RSS phase")
+    parser.add_argument(
+        "--only",
+        choices=("cpu", "memory"),
+        help="one phase: the warm-request CPU and storage, or the RSS",
+    )
     parser.add_argument("--cache", help="the proxy's cache.max_bytes (default: its own, 256MiB)")
     args = parser.parse_args()
     if args.quick:

@@ -23,8 +23,11 @@ header; logging at ``info``, the shipped default, to /dev/null):
 Prints req/s, p50, p99 and the server's CPU time per request (the robust
 number on a shared machine) per scenario, and the ratios issue 16 sets
 targets for: c=16 throughput / the minimal pass-through (``pass`` >= 0.90,
-``trim+s`` >= 0.80, ``balanced+s`` >= 0.70) and the p50 ``trim+s`` adds at c=1
-over it (<= 0.3 ms).
+``trim+s`` >= 0.80, ``balanced+s`` >= 0.70), the p50 ``trim+s`` adds at c=1
+over it (<= 0.3 ms), and (``sse``, also with ``--only sse``) the time to the
+first SSE event of a streamed answer at c=1 through ``direct``, ``minimal``
+(which relays the stream chunk by chunk), ``pass`` and ``trim+s``, in rounds
+of their own, the p50 ``trim+s`` adds over ``minimal`` (<= 0.3 ms).
 
     python bench/overhead.py [--rounds 3] [--requests 400] [--concurrency 1 16]
         [--only NAME ...] [--baseline CHECKOUT] [--postgres URL] [--redis URL]
@@ -56,9 +59,23 @@ BODY = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created":
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok", "refusal": None},
     "logprobs": None, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001}})
+def chunk(delta, finish=None):
+    return b"data: " + orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+        "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}) + b"\n\n"
+EVENTS = [chunk({"role": "assistant", "content": ""}), chunk({"content": "ok"}), chunk({}, "stop"),
+    b"data: [DONE]\n\n"]
 async def chat(request):
-    await request.read()
-    return web.Response(body=BODY, content_type="application/json")
+    raw = await request.read()
+    if not orjson.loads(raw).get("stream"):
+        return web.Response(body=BODY, content_type="application/json")
+    # A stream: the first event at once, the rest after (the first chunk's latency is measured).
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for event in EVENTS:
+        await response.write(event)
+    await response.write_eof()
+    return response
 app = web.Application(client_max_size=64 * 1024 * 1024)
 app.router.add_post("/v1/chat/completions", chat)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
@@ -79,6 +96,14 @@ async def chat(request):
     async with app["client"].post(TARGET, data=body,
             headers={"Content-Type": "application/json",
                      "Authorization": request.headers.get("Authorization", "")}) as r:
+        if r.content_type == "text/event-stream":  # relayed chunk by chunk
+            response = web.StreamResponse(status=r.status,
+                headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            async for data in r.content.iter_any():
+                await response.write(data)
+            await response.write_eof()
+            return response
         data = await r.read()
         return web.Response(body=data, status=r.status, content_type="application/json")
 app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -95,14 +120,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_body() -> bytes:
+def make_body(stream: bool = False) -> bytes:
     # 20 messages, about 4k tokens in all (English text is ~4 characters a token).
     sentence = "The quick brown fox jumps over the lazy dog while the proxy keeps count. "
     messages = [{"role": "system", "content": "You are a helpful assistant. " * 10}]
     for i in range(19):
         role = "user" if i % 2 == 0 else "assistant"
         messages.append({"role": role, "content": f"Turn {i}. " + sentence * 11})
-    return json.dumps({"model": "gpt-4o", "messages": messages, "temperature": 0}).encode()
+    body: dict[str, object] = {"model": "gpt-4o", "messages": messages, "temperature": 0}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
 
 
 async def wait_ready(url: str) -> None:
@@ -146,6 +174,23 @@ async def run_load(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     return total / elapsed, latencies
+
+
+async def first_chunks(url: str, body: bytes, total: int, headers: dict[str, str]) -> list[float]:
+    """At concurrency 1, each streamed request's time to its first SSE event (ms)."""
+    out: list[float] = []
+    async with aiohttp.ClientSession() as s:
+        for n in range(total + 1):
+            t0 = time.perf_counter()
+            async with s.post(url, data=body, headers=headers) as r:
+                first = await r.content.readuntil(b"\n\n")
+                elapsed = (time.perf_counter() - t0) * 1000
+                await r.read()
+                if r.status != 200 or not first.startswith(b"data: "):
+                    raise RuntimeError(f"{url}: HTTP {r.status}, {first[:80]!r}")
+            if n:  # the first warms the connection
+                out.append(elapsed)
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -306,7 +351,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 _, bench, session = scenarios[name]
                 scenarios[f"{name}@base"] = ("baseline", bench, session)
         if args.only:
-            scenarios = {k: v for k, v in scenarios.items() if k in {"minimal", *args.only}}
+            keep = {"minimal", *args.only}
+            if "sse" in args.only:
+                keep |= {"direct", "pass", "trim+s"}
+            scenarios = {k: v for k, v in scenarios.items() if k in keep}
         for url, _ in servers.values():
             await wait_ready(url)
         body = make_body()
@@ -343,6 +391,16 @@ async def main_async(args: argparse.Namespace) -> int:
                         f"  round {rnd + 1} c={concurrency:<2} {name:<12} {rps:8.0f} req/s",
                         flush=True,
                     )
+        # The first SSE event of a streamed answer, c=1, interleaved the same way.
+        streamed = [n for n in ("direct", "minimal", "pass", "trim+s") if n in scenarios]
+        stream_body = make_body(stream=True)
+        first: dict[str, list[float]] = {}
+        if not args.only or "sse" in args.only:
+            for _ in range(args.rounds):
+                for name in streamed:
+                    url = servers[scenarios[name][0]][0]
+                    got = await first_chunks(url, stream_body, args.requests // 4, headers(name))
+                    first.setdefault(name, []).extend(got)
         print()
         print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(
@@ -378,6 +436,15 @@ async def main_async(args: argparse.Namespace) -> int:
         if ("trim+s", 1) in results:
             added = p50("trim+s", 1) - p50("minimal", 1)
             print(f"p50 added by trim+s at c=1 over minimal: {added:+.3f} ms (target <= 0.3 ms)")
+        if "minimal" in first:
+            for name in streamed:
+                if name in first and name != "minimal":
+                    added = pct(first[name], 0.5) - pct(first["minimal"], 0.5)
+                    print(
+                        f"first SSE event, c=1, {name}: p50 {pct(first[name], 0.5):.3f} ms,"
+                        f" {added:+.3f} ms over minimal"
+                        + (" (target <= 0.3 ms)" if name == "trim+s" else "")
+                    )
         if ("pass+s", 1) in results and ("commit+s", 1) in results:
             for c in args.concurrency:
                 cost = p50("commit+s", c) - p50("pass+s", c)

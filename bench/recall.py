@@ -17,11 +17,16 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick] [--only retention,modes,latency,pg-latency,storage,embeddings]
+    python bench/recall.py [--quick]
+        [--only retention,modes,latency,pg-latency,redis-latency,storage,embeddings]
 
 ``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
 default the test server ``postgresql://postgres@127.0.0.1:5432/test``, in a
-schema of its own, dropped after). ``embeddings``: semantic recall's rows,
+schema of its own, dropped after). ``redis-latency``: on the Redis store
+(``CTXPROXY_BENCH_REDIS``, default ``redis://127.0.0.1:6379/0``, under a key
+prefix of its own, deleted after); its sessions are stored 20 messages an
+exchange, as a conversation grows (one 10,000-message write would hold the
+server for seconds: each word's postings are one string, copied per append). ``embeddings``: semantic recall's rows,
 fusion-weight sweep and cost (bench/recall_embeddings.py).
 """
 
@@ -63,6 +68,7 @@ from proxy.ops.replay import locomo_dialogue
 from proxy.store import sqlite_jobs
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.postgres import PostgresStore
+from proxy.store.redis import RedisStore
 from proxy.store.search_backends import recall_index_for
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
@@ -72,8 +78,8 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.jso
 if not DATA.exists():
     DATA = Path("/work/shared/data/locomo-dev.json")
 FRACTIONS = (0.10, 0.25)
-SHARES = (0.5, 0.7, 0.8)
-NEIGHBORS = 1
+SHARES = (0.5, 0.7, 0.8, 0.9)
+NEIGHBORS = 2
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 MODEL = "gpt-4o"
 # (exact count of a recall block, the count recall reported): the sum of its
@@ -294,14 +300,18 @@ async def latency(
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
     rounds: int,
+    exchange: int | None = None,
 ) -> list[tuple[int, float, float, float, float, float]]:
-    """The recall step's time per request on ``store``'s own index (SQLite or PostgreSQL)."""
+    """The recall step's time per request on ``store``'s own index (SQLite, PostgreSQL,
+    Redis). ``exchange``: store each session that many messages at a time (None: at once)."""
     service = RecallService(recall_index_for(store), Metrics())
     out = []
     for turns in (100, 1000, 5000):
         ref = SessionRef("bench", f"latency-{turns}")
         stored = [message_in(m) for m in session_of(conversations, turns)]
-        await store.record_exchange(ref, stored, None, record(f"l{turns}"))
+        step = exchange or len(stored)
+        for end in range(step, len(stored) + step, step):
+            await store.record_exchange(ref, stored[:end], None, record(f"l{turns}-{end}"))
         spec = RecallSpec(share=0.7, neighbors=NEIGHBORS)
         times: list[float] = []
         cpu: list[float] = []
@@ -370,6 +380,24 @@ async def pg_latency(
         await store.close()
 
 
+async def redis_latency(
+    conversations: list[list[dict[str, Any]]], questions: list[Question], rounds: int
+) -> list[tuple[int, float, float, float, float, float]]:
+    """:func:`latency` on a Redis store, under a key prefix of its own (deleted after)."""
+    url = os.environ.get("CTXPROXY_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+    store = RedisStore(url, prefix=f"ctxproxy:bench_recall_{os.getpid()}:")
+    await store.open()
+    try:
+        return await latency(store, conversations, questions, rounds, exchange=20)
+    finally:
+        client = store._client
+        assert client is not None
+        keys = [k async for k in client.scan_iter(match=store.prefix + "*", count=1000)]
+        for start in range(0, len(keys), 1000):
+            await client.unlink(*keys[start : start + 1000])
+        await store.close()
+
+
 async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> dict[str, Any]:
     """An exchange's write with and without the FTS insert: interleaved rounds, same data."""
     real = sqlite_jobs.index_items
@@ -423,7 +451,7 @@ async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> 
     } | {"messages": 2 * exchanges}
 
 
-def _no_index(conn: Any, session_id: int, items: Any) -> None:
+def _no_index(conn: Any, item_ids: Any) -> None:
     return None
 
 
@@ -435,7 +463,15 @@ async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]
 
 def sections() -> set[str]:
     """The sections to run (``--only a,b``; all by default)."""
-    every = {"retention", "modes", "latency", "pg-latency", "storage", "embeddings"}
+    every = {
+        "retention",
+        "modes",
+        "latency",
+        "pg-latency",
+        "redis-latency",
+        "storage",
+        "embeddings",
+    }
     if "--only" in sys.argv:
         chosen = set(sys.argv[sys.argv.index("--only") + 1].split(","))
         unknown = chosen - every
@@ -491,6 +527,8 @@ async def main() -> None:
         print_latency("SQLite", lat)
     if "pg-latency" in only:
         print_latency("PostgreSQL", await pg_latency(conversations, questions, rounds))
+    if "redis-latency" in only:
+        print_latency("Redis", await redis_latency(conversations, questions, rounds))
     if "storage" in only:
         cost = await storage(conversations, 400 if quick else 2000)
         n = cost.pop("messages")

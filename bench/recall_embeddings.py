@@ -5,11 +5,12 @@ questions). The conversations are stored as for the lexical rows, then
 embedded by the proxy's own background service (proxy/context/embeddings.py:
 batches on a worker thread, vectors into SQLite), which gives the throughput
 in ms per message. Then, at 10% and 25% of each history's tokens with
-``recall: {share: 0.8}`` (the best lexical share):
+``recall: {share: 0.8}``:
 
 - the weight sweep: fused score ``w * cos + (1 - w) * bm25`` (each scaled
   by its best) for each ``w`` of :data:`WEIGHTS`; ``w = 0`` keeps lexical
-  order and only appends semantic hits after the lexical ones;
+  order and only appends semantic hits after the lexical ones; then the
+  default weight at the shares of :data:`MORE_SHARES`;
 - the time the semantic step adds per request at 100, 1,000 and 5,000
   stored turns: the query's embedding, the vector cache's read (only what is
   new: none here), the cosine over the session's rows and the fusion.
@@ -25,7 +26,7 @@ from typing import Any
 
 from policies.recall import reserve
 from policies.trim import trim
-from policies.types import Budget, RecallSpec, TrimSpec
+from policies.types import SEMANTIC_WEIGHT, Budget, RecallSpec, TrimSpec
 from proxy.background import Background
 from proxy.context.embedder import WordLlamaEmbedder
 from proxy.context.embeddings import Embeddings
@@ -38,6 +39,7 @@ from proxy.telemetry.metrics import Metrics
 
 WEIGHTS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 SHARE = 0.8
+MORE_SHARES = (0.9,)
 
 
 def services(store: SqliteStore) -> tuple[RecallService, Embeddings]:
@@ -84,9 +86,10 @@ async def sweep(
         for fraction in bench.FRACTIONS:
             limit = int(fraction * total)
             label = f"{int(fraction * 100)}%"
-            for w in WEIGHTS:
+            runs = [(SHARE, w) for w in WEIGHTS] + [(s, SEMANTIC_WEIGHT) for s in MORE_SHARES]
+            for share, w in runs:
                 spec = RecallSpec(
-                    share=SHARE,
+                    share=share,
                     neighbors=bench.NEIGHBORS,
                     embeddings="wordllama",
                     semantic_weight=w,
@@ -107,7 +110,8 @@ async def sweep(
                 assert decision.tokens_after <= limit, (decision.tokens_after, limit)
                 assert outcome.semantic == "used", outcome.semantic
                 ok = bench.retained(base, outcome.recalled.spans, q.evidence)
-                bench._add(rows, f"embed w{w} {label}", q.category, ok, decision)
+                name = f"embed w{w}" if share == SHARE else f"embed w{w} s{share}"
+                bench._add(rows, f"{name} {label}", q.category, ok, decision)
     return rows
 
 

@@ -7,12 +7,16 @@ comes back and where it goes. The rules (tests check each one):
 
 - Units are whole and atomic: a message alone, except that a tool call
   comes back with all its results (and they with it), as trimming's tool
-  windows (policies/units.py); ``neighbors`` also brings the units right
-  before and after each hit (the question before an answer, the answer
-  after a question). System and developer messages belong to no unit (they
+  windows (policies/units.py). System and developer messages belong to no unit (they
   are always kept). Messages, not whole turns: a LoCoMo-style turn holds
   two speakers' messages, and the evidence is one of them; whole turns
   would halve what fits (measured in bench/recall.py).
+- Units are chosen by score, not hit by hit: a hit lends its score to the
+  units up to ``neighbors`` away (the answer after a question, the question
+  before an answer; more after than before), summed over hits, and the
+  best-scored units that fit come back, whichever hit they came from (so
+  budget goes to a second hit's own message before a first hit's farthest
+  neighbor). Budget left then goes to more context around the best hits.
 - Only units the policy left out entirely are candidates: never one with a
   message in the kept window (or the summary's verbatim turns), never the
   newest turn, never a unit twice.
@@ -25,7 +29,8 @@ comes back and where it goes. The rules (tests check each one):
   message, so only what follows the prefix changes from request to request.
 - The block says what it is (earlier turns of this same conversation), and
   quotes each message as a JSON object (role, position, name and timestamp
-  where the client sent them, text), so nothing inside can pass for an
+  where the client sent them, text; compact separators: the wrapper costs
+  about 12 tokens a line, not 17), so nothing inside can pass for an
   instruction or close the block early.
 
 Work is proportional to the hits and their units, never to the history:
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -56,15 +61,30 @@ RECALL_HEADER = (
 BLOCK_OPEN = "<recalled_turns>"
 BLOCK_CLOSE = "</recalled_turns>"
 
-# What quoting adds to a message's own count, at most in practice: the JSON
-# wrapper ({"position": N, "role": ..., "text": ...}, about 14 tokens) and escapes.
-LINE_TOKENS = 16
+# What quoting adds to a message's own count, in practice: the JSON wrapper
+# ({"position":N,"role":...,"text":...}, about 12 tokens) and its newline, less
+# the message's own frame (about 4), and escapes. An estimate for choosing: the
+# exact count gives back the last units if it is short (measured in
+# bench/recall.py: 8 and 10 keep the same LoCoMo evidence, 12 0.8 points less).
+LINE_TOKENS = 10
+
+# How a hit's score spreads to the units around it, up to ``neighbors`` units
+# away: the unit k after a hit gets AFTER ** k of it (the answer to a question
+# sits right after it), the unit k before BEFORE ** k (measured in
+# bench/recall.py: 0.7 and 0.5 against 0.5/0.5, 0.8/0.5, 0.7/0.3, 0.6/0.4).
+AFTER = 0.7
+BEFORE = 0.5
 
 # How far past ``neighbors`` leftover budget extends the context around hits.
 FILL_ROUNDS = 6
 
 # What a tool call's window holds after the assistant message that makes it.
 _IN_WINDOW = SYSTEM_ROLES | {"tool"}
+
+# json.dumps(..., ensure_ascii=False, separators=(",", ":")) without making an encoder
+# per call, and the string encoder it uses.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_STRING = json.encoder.encode_basestring
 
 # Message keys a client may send with a time on it (not OpenAI's; some clients do).
 _TIME_KEYS = ("timestamp", "created_at", "time", "date")
@@ -138,7 +158,7 @@ def recall(
     count: CountFn,
     max_tokens: int,
     *,
-    neighbors: int = 1,
+    neighbors: int = 2,
     sizes: Sequence[int] | None = None,
     fill: bool = True,
     shape: Shape | None = None,
@@ -148,8 +168,10 @@ def recall(
     ``messages`` is the list the policy received, ``decision`` its answer;
     ``hits`` may be in any order and may name any position (out of range,
     kept, duplicated: all ignored). Within ``max_tokens`` units are taken by
-    score, each followed by its neighbors, nearest first; a unit that does
-    not fit is skipped and the next tried.
+    score (:class:`_Ranking`: a hit's own, plus shares of the hits up to
+    ``neighbors`` units away); a unit that does not fit is skipped and the
+    next tried. With ``fill``, budget left goes to units farther around the
+    hits, at most :data:`FILL_ROUNDS` past ``neighbors``.
 
     ``sizes``: each message's token count, when the caller has them (the
     proxy does), so choosing costs no tokenizer call; otherwise ``count``.
@@ -184,40 +206,13 @@ def recall(
 
     # Room for the header, the delimiters and the message's own overhead.
     room = max_tokens - count(_block_message([]))
+    ranked = _Ranking(picker, hits, n, neighbors)
     chosen: list[tuple[int, int]] = []  # in the order chosen: best first
-    seen: set[tuple[int, int]] = set()
-    taken: list[Hit] = []
-    # Each hit's next unit before and after it not yet taken (None: that side is done).
-    frontiers: list[list[tuple[int, int] | None]] = []
-    used = 0
-    for hit in sorted(hits, key=lambda h: (-h.score, -h.index)):
-        if room - used <= 0:
-            break
-        if not 0 <= hit.index < n:
-            continue
-        span = picker.unit_at(hit.index)
-        if span is None or span in seen:
-            continue
-        spent = cost(span)
-        if used + spent > room:
-            continue
-        chosen.append(span)
-        seen.add(span)
-        used += spent
-        taken.append(hit)
-        # Neighbors, nearest first on both sides; one that does not fit ends that side.
-        sides = [picker.before(span), picker.after(span)]
-        for _ in range(neighbors):
-            used = _extend(sides, picker, chosen, seen, cost, used, room)
-        frontiers.append(sides)
-    # Budget left once every hit is in: more context around the best hits,
-    # a unit a side per hit per round, best hit first (answers sit near the
-    # turn that names them), at most FILL_ROUNDS units away.
-    for _ in range(FILL_ROUNDS if fill else 0):
-        if room - used <= 0 or not any(s for sides in frontiers for s in sides):
-            break
-        for sides in frontiers:
-            used = _extend(sides, picker, chosen, seen, cost, used, room)
+    used = _take(ranked.order(), chosen, cost, 0, room)
+    if fill:
+        # Budget left once every scored unit is in: more context around the
+        # hits, further than ``neighbors``, the best hit's nearest first.
+        ranked.fill(FILL_ROUNDS, chosen, cost, used, room)
     if not chosen:
         return decision, Recalled()
     # The block's size: its frame plus each unit's quoted lines counted on their
@@ -243,7 +238,7 @@ def recall(
     kept_spans = set(spans)
     recalled = Recalled(
         spans=tuple(spans),
-        hits=tuple(h for h in taken if picker.unit_at(h.index) in kept_spans),
+        hits=tuple(h for span, h in ranked.best if span in kept_spans),
         tokens=tokens,
         position=at,
     )
@@ -252,29 +247,107 @@ def recall(
     )
 
 
-def _extend(
-    sides: list[tuple[int, int] | None],
-    picker: _Picker,
+def _take(
+    order: Iterable[tuple[int, int]],
     chosen: list[tuple[int, int]],
-    seen: set[tuple[int, int]],
     cost: Callable[[tuple[int, int]], int],
     used: int,
     room: int,
 ) -> int:
-    """Take the next unit on each side that fits; a side whose unit does not fit is done."""
-    for k, near in enumerate(sides):
-        if near is None:
+    """Add the units of ``order`` that fit to ``chosen``; a unit that does not fit is skipped."""
+    seen = set(chosen)
+    for span in order:
+        if room - used < LINE_TOKENS:
+            break  # no unit costs less
+        if span in seen:
             continue
-        if near not in seen:
-            spent = cost(near)
-            if used + spent > room:
-                sides[k] = None
-                continue
-            chosen.append(near)
-            seen.add(near)
-            used += spent
-        sides[k] = picker.step(near, k)
+        spent = cost(span)
+        if used + spent > room:
+            continue
+        chosen.append(span)
+        seen.add(span)
+        used += spent
     return used
+
+
+class _Ranking:
+    """The units that may come back, scored: each hit's unit gets the hit's score,
+    and the units up to ``neighbors`` away on each side a share of it
+    (:data:`AFTER` and :data:`BEFORE` to the power of the distance), summed
+    over hits. The unit right after a question that names the topic holds
+    the answer; a unit between two hits outranks one beside a single hit."""
+
+    def __init__(self, picker: _Picker, hits: Sequence[Hit], n: int, neighbors: int) -> None:
+        self.picker = picker
+        # Each hit unit's best hit, best first.
+        best: dict[tuple[int, int], Hit] = {}
+        for hit in hits:
+            if not 0 <= hit.index < n:
+                continue
+            span = picker.unit_at(hit.index)
+            if span is None:
+                continue
+            held = best.get(span)
+            if held is None or (hit.score, hit.index) > (held.score, held.index):
+                best[span] = hit
+        self.best = sorted(best.items(), key=lambda b: (-b[1].score, -b[1].index))
+        self.scores: dict[tuple[int, int], float] = {}
+        for span, hit in self.best:
+            self._add(span, hit.score)
+            for side, decay in ((0, BEFORE), (1, AFTER)):
+                near: tuple[int, int] | None = span
+                for k in range(1, neighbors + 1):
+                    assert near is not None
+                    near = picker.step(near, side)
+                    if near is None:
+                        break
+                    self._add(near, hit.score * decay**k)
+        self.neighbors = neighbors
+
+    def _add(self, span: tuple[int, int], score: float) -> None:
+        self.scores[span] = self.scores.get(span, 0.0) + score
+
+    def order(self) -> list[tuple[int, int]]:
+        """The scored units, best first (ties: the later one)."""
+        return sorted(self.scores, key=lambda s: (-self.scores[s], -s[0]))
+
+    def fill(
+        self,
+        rounds: int,
+        chosen: list[tuple[int, int]],
+        cost: Callable[[tuple[int, int]], int],
+        used: int,
+        room: int,
+    ) -> int:
+        """Units past ``neighbors`` around the hits into ``chosen`` while they fit:
+        a unit a side per hit per round, best hit first, at most ``rounds``
+        units further; a side whose next unit does not fit is done."""
+        if room - used < LINE_TOKENS:
+            return used
+        sides: list[tuple[int, int] | None] = []
+        for span, _ in self.best:
+            for side in (0, 1):
+                near: tuple[int, int] | None = span
+                for _ in range(self.neighbors + 1):
+                    near = self.picker.step(near, side) if near is not None else None
+                sides.append(near)
+        seen = set(chosen)
+        for _ in range(rounds):
+            if room - used < LINE_TOKENS or not any(sides):
+                break
+            for k, near in enumerate(sides):
+                if near is None:
+                    continue
+                if near not in seen:
+                    spent = cost(near)
+                    if used + spent > room:
+                        sides[k] = None
+                        continue
+                    chosen.append(near)
+                    seen.add(near)
+                    used += spent
+                sides[k] = self.picker.step(near, k % 2)
+        return used
 
 
 class Shape(Protocol):
@@ -313,14 +386,15 @@ class ChatShape:
         it and the tool results right after it (system messages between them
         included) form one unit, whichever of them was hit."""
         start = i
-        if self._role(i) == "tool":
+        role = self._role(i)
+        if role != "tool" and (role != "assistant" or not self.messages[i].get("tool_calls")):
+            return i, i + 1  # the common case: a message alone
+        if role == "tool":
             start = i - 1
             while start >= 0 and self._role(start) in _IN_WINDOW:
                 start -= 1
             if start < 0 or not self._calls(start):
                 return i, i + 1  # a result outside any window (repaired: never recalled)
-        elif not self._calls(i):
-            return i, i + 1
         end = start + 1
         n = len(self.messages)
         while end < n and self._role(end) in _IN_WINDOW:
@@ -332,6 +406,9 @@ class ChatShape:
     def quoted(self, i: int) -> dict[str, object]:
         message = self.messages[i]
         role = message.get("role")
+        content = message.get("content")
+        if len(message) == 2 and isinstance(content, str) and role is not None:
+            return {"role": role, "text": content}  # what the general case makes of it
         quoted: dict[str, object] = {"role": role}
         name = message.get("name")
         if isinstance(name, str) and name:
@@ -379,6 +456,10 @@ class _Picker:
         start, end = self.shape.bounds(i)
         if end > self.newest:
             return None  # the newest turn is always forwarded
+        if end == start + 1:  # message i alone (not pinned): the checks below, for it
+            if not _has(self.dropped, i) or (self.repaired and _has(self.repaired, i)):
+                return None
+            return start, end
         members = [j for j in range(start, end) if not self.shape.pinned(j)]
         if not members or not all(_has(self.dropped, j) for j in members):
             return None
@@ -432,8 +513,18 @@ def _lines(shape: Shape, span: tuple[int, int]) -> str:
     for i in range(*span):
         if shape.pinned(i):
             continue
-        quoted: dict[str, object] = {"position": i + 1, **shape.quoted(i)}
-        out.append(json.dumps(quoted, ensure_ascii=False))
+        fields = shape.quoted(i)
+        role, text = fields.get("role"), fields.get("text")
+        if (
+            len(fields) == 2
+            and type(role) is str
+            and type(text) is str
+            and next(iter(fields)) == "role"
+        ):
+            # What the encoder writes for {"position", "role", "text"}, without it.
+            out.append(f'{{"position":{i + 1},"role":{_STRING(role)},"text":{_STRING(text)}}}')
+        else:
+            out.append(_JSON.encode({"position": i + 1, **fields}))
     return "\n".join(out)
 
 

@@ -105,7 +105,9 @@ class _Shape:
         return without(self.bounds[lo], self.bounds[hi], skip)
 
 
-def _shape(messages: Sequence[Message], count: CountFn, fixed: int) -> _Shape:
+def _shape(
+    messages: Sequence[Message], count: CountFn, fixed: int, sizes: Sequence[int] | None = None
+) -> _Shape:
     msgs = list(messages)
     roles = roles_of(msgs)
     system = [i for i, role in enumerate(roles) if role in SYSTEM_ROLES]
@@ -116,7 +118,7 @@ def _shape(messages: Sequence[Message], count: CountFn, fixed: int) -> _Shape:
     if any(i not in skip for i in range(first_user)):
         bounds.insert(0, 0)
     bounds.append(len(msgs))
-    costs = list(map(count, msgs))
+    costs = list(map(count, msgs)) if sizes is None else list(sizes)
     member = [0 if i in skip else c for i, c in enumerate(costs)]
     q = [0, *accumulate(member)]
     units = [q[bounds[k + 1]] - q[bounds[k]] for k in range(len(bounds) - 1)]
@@ -130,9 +132,15 @@ def plan(
     count: CountFn,
     budget: Budget,
     states: Sequence[SummaryState] = (),
+    sizes: Sequence[int] | None = None,
 ) -> Plan:
-    """What to forward, or which summary to make first (see the module docstring)."""
-    return _plan(_shape(messages, count, budget.fixed), spec, count, budget, states, True)
+    """What to forward, or which summary to make first (see the module docstring).
+
+    ``sizes``: each message's token count, when the caller has them (the
+    proxy does): the plan then calls ``count`` only for messages it makes.
+    """
+    shape = _shape(messages, count, budget.fixed, sizes)
+    return _plan(shape, spec, count, budget, states)
 
 
 def _plan(
@@ -141,23 +149,30 @@ def _plan(
     count: CountFn,
     budget: Budget,
     states: Sequence[SummaryState],
-    with_fallback: bool,
+    ahead: bool = False,
 ) -> Plan:
+    """``ahead``: for :func:`prefetch`, which reads the task only (no view, no fallback)."""
     limit = budget.limit if budget.limit is not None else limit_of(spec)
     s = spec.keep_first_turns
     total, answer, fact_tokens = allowance(spec, limit)
     # Where a new summary would end now: no stored one may end later.
     cut = _new_cut(shape, spec, limit, total)
     state, cut0 = _best_state(shape, spec, states, cut)
+
+    def view(state: SummaryState | None, cut: int) -> Plan:
+        if ahead:
+            return Plan(reused=state)
+        return Plan(decision=_view(shape, spec, count, limit, state, cut), reused=state)
+
     if state is not None:
         cost = _summary_cost(state, spec, count)
         if not _over(shape, spec, limit, s + shape.n - cut0, _tokens(shape, s, cut0, cost)):
-            return Plan(decision=_view(shape, spec, count, limit, state, cut0), reused=state)
+            return view(state, cut0)
     elif not _over(shape, spec, limit, shape.n, shape.base + shape.units_cost(0, shape.n)):
-        return Plan(decision=_view(shape, spec, count, limit, None, 0))
+        return view(None, 0)
     if cut <= max(s, cut0):
         # Nothing more can be summarized: the view as it is, trimmed to the budget.
-        return Plan(decision=_view(shape, spec, count, limit, state, cut0), reused=state)
+        return view(state, cut0)
     previous = state  # a usable state always covers at least one unit
     source = tuple(shape.members(cut0 if previous is not None else s, cut))
     empty = count({"content": ""})
@@ -179,7 +194,7 @@ def _plan(
         facts=facts,
         max_tokens=answer,
     )
-    backup = fallback(shape.msgs, spec, count, budget) if with_fallback else None
+    backup = None if ahead else fallback(shape.msgs, spec, count, budget)
     return Plan(task=task, fallback=backup)
 
 
@@ -218,6 +233,7 @@ def prefetch(
     count: CountFn,
     budget: Budget,
     states: Sequence[SummaryState] = (),
+    sizes: Sequence[int] | None = None,
 ) -> SummaryTask | None:
     """The summary the next request will need, when it is near: None when it is not.
 
@@ -225,12 +241,14 @@ def prefetch(
     request is imagined as one more user turn that costs what the newest
     turn did (at least ``prefetch_margin`` of each token limit), so a
     summary is made before the trigger is crossed. Indexes in the task refer
-    to ``messages``.
+    to ``messages``; ``sizes`` their token counts, as for :func:`plan`.
     """
     if not spec.prefetch:
         return None
     ahead = [*messages, {"role": "user", "content": ""}]
-    shape = _shape(ahead, count, budget.fixed)
+    if sizes is not None:
+        sizes = [*sizes, count(ahead[-1])]
+    shape = _shape(ahead, count, budget.fixed, sizes)
     newest = shape.units_cost(shape.n - 2, shape.n - 1) if shape.n > 1 else 0
     limit = budget.limit if budget.limit is not None else limit_of(spec)
 
@@ -243,7 +261,7 @@ def prefetch(
         spec, trigger_tokens=lower(spec.trigger_tokens), max_tokens=lower(limit)
     )
     try:
-        found = _plan(shape, scaled, count, Budget(fixed=budget.fixed), states, False)
+        found = _plan(shape, scaled, count, Budget(fixed=budget.fixed), states, ahead=True)
     except ContextTooLong:
         return None
     task = found.task

@@ -50,8 +50,8 @@ class RecallSpec:
     # The recall block's budget in tokens; or ``share`` of the policy's budget.
     max_tokens: int | None = None
     share: float | None = None
-    # Turns before and after each hit brought with it.
-    neighbors: int = 1
+    # How far (in units) each hit lends its score to the units around it.
+    neighbors: int = 2
     # "none": lexical search; "wordllama": lexical and semantic, fused.
     embeddings: str = "none"
     # Hits the index is asked for (the nearest vectors: proxy/context/recall.py).

@@ -20,7 +20,7 @@ from proxy.coordination.local import LocalCoordinator
 from proxy.http.routing import Router
 from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import CacheBudget, Store
-from proxy.store.search_backends import recall_index_for, vector_index_for
+from proxy.store.search_backends import items_versions_for, recall_index_for, vector_index_for
 from proxy.telemetry.metrics import Metrics
 from proxy.upstream.base import Upstream
 
@@ -121,7 +121,10 @@ class Runtime:
             self.store, self.background, self.metrics, flights=self.coordinator.flights
         )
         self.recall = RecallService(
-            recall_index_for(self.store), self.metrics, embeddings=self._embeddings()
+            recall_index_for(self.store),
+            self.metrics,
+            embeddings=self._embeddings(),
+            versions=items_versions_for(self.store),
         )
 
     def _embeddings(self) -> Embeddings | None:

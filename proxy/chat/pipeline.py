@@ -236,6 +236,7 @@ class ChatExchange:
                 model=model,
                 headers=self.headers,
                 dry_run=not lock,
+                counts=counts,
             )
         else:
             self.decision = rt.rewriter.decide(

@@ -72,9 +72,13 @@ async def summarize(
     model: str,
     headers: Mapping[str, str],
     dry_run: bool,
+    counts: Sequence[int] | None = None,
 ) -> tuple[Decision, SummaryOutcome, SummaryContext]:
-    """A summarize policy's decision for one request, with what became of the summary."""
-    count = rt.rewriter.counter(conversation, model, hashes)
+    """A summary policy's decision for one request, with what became of the summary.
+
+    ``counts``: the conversation's token counts (a session's message cache has them).
+    """
+    count = rt.rewriter.counter(conversation, model, hashes, counts=counts)
     tokens = conversation_tokens(spec, conversation, count)
     budget, factor = rt.rewriter.budget(spec, body, model, tokens=tokens)
     auth = {"authorization": headers["authorization"]} if "authorization" in headers else {}
@@ -92,7 +96,17 @@ async def summarize(
         )
 
     ctx = SummaryContext(
-        ref, spec, conversation, hashes, count, budget, summarizer, route=route.name
+        ref,
+        spec,
+        conversation,
+        hashes,
+        count,
+        budget,
+        summarizer,
+        route=route.name,
+        model=model,
+        chains=rt.summaries.chains,
+        sizes=counts,
     )
     try:
         outcome = await rt.summaries.decide(ctx, dry_run=dry_run)

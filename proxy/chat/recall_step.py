@@ -51,6 +51,7 @@ async def recall_step(
         decision=decision,
         count=count,
         sizes=sizes,
+        model=model,
     )
 
 

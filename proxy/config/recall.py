@@ -48,7 +48,7 @@ def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
         raise ConfigError(node.at("semantic_weight"), f"must be >= 0 and <= 1, got {weight}")
     if weight is not None and embeddings == "none":
         raise ConfigError(node.at("semantic_weight"), "needs embeddings: wordllama")
-    neighbors = node.integer("neighbors", 1, minimum=0)
+    neighbors = node.integer("neighbors", 2, minimum=0)
     candidates = node.integer("candidates", 40, minimum=1)
     assert neighbors is not None and candidates is not None  # they have defaults
     if neighbors > 5:

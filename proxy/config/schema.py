@@ -297,7 +297,9 @@ RECALL = obj(
             "The recall block's budget in tokens (at most half the policy's).", 16
         ),
         "share": number("Or this share of the policy's budget (default 0.3).", 0.9),
-        "neighbors": integer("Messages before and after each hit brought with it.", 0, 5),
+        "neighbors": integer(
+            "How far (messages) each hit lends its score to the messages around it.", 0, 5
+        ),
         "embeddings": choice(
             "none: lexical search; wordllama: lexical and semantic (a bundled model), fused.",
             "none",

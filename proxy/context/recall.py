@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from policies.modes import latest_user_text
 from policies.recall import Hit, Recalled, Shape, recall
 from policies.transcript import message_text
 from policies.types import CountFn, Decision, Message, RecallSpec
+from proxy.context.recall_memo import RecallMemo, result_of
 from proxy.context.recall_query import query_terms, words_of
 from proxy.store.base import SessionRef
 from proxy.store.search import RecallIndex
@@ -45,11 +46,12 @@ if TYPE_CHECKING:  # numpy and the model load only where a policy asks for embed
 
 log = get_logger()
 
-# Nearest vectors fused with the lexical hits. Few: a semantic hit is worth less
-# than the context recall's fill would put around the best lexical hits with the
-# same tokens (bench/recall.py, LoCoMo at 25%: 82.6% kept with 5, 82.4% with 10,
-# 81.1% with 20, 80.4% with 40, against 80.7% lexical only).
-SEMANTIC_CANDIDATES = 5
+# Nearest vectors fused with the lexical hits, at most (and at most ``candidates``):
+# as many as lexical hits. Recall scores units (policies/recall.py), so a semantic
+# hit's neighbors only come back when they score (bench/recall.py, LoCoMo, share
+# 0.8, at 10% / 25%: 76.9% / 86.6% kept with 5, 77.3% / 87.3% with 10,
+# 78.8% / 87.1% with 20, 79.5% / 87.6% with 40; 76.4% / 84.3% lexical only).
+SEMANTIC_CANDIDATES = 40
 
 # Values of X-Context-Recall and the row's recall.status.
 RECALLED, NONE, ERROR, NO_SESSION, UNSUPPORTED = (
@@ -139,11 +141,16 @@ class RecallService:
         index: RecallIndex | None,
         metrics: Metrics,
         embeddings: Embeddings | None = None,
+        versions: Callable[[SessionRef], int | None] | None = None,
     ) -> None:
         self._index = index
         self._metrics = metrics
         # None: no semantic recall (no embedder, or a store without a vector index).
         self.embeddings = embeddings
+        # The version of a session's stored items, where the store knows it (None:
+        # a backend that cannot say, shared by other instances): the memo's guard.
+        self._versions = versions
+        self.memo = RecallMemo()
 
     async def apply(
         self,
@@ -158,11 +165,14 @@ class RecallService:
         count: CountFn,
         sizes: Sequence[int] | None = None,
         shape: Shape | None = None,
+        model: str | None = None,
     ) -> tuple[Decision, RecallOutcome]:
         """``decision`` with recalled turns added (within ``budget`` tokens), and the outcome.
 
         ``sizes``: the conversation's token counts by position, when known;
-        ``shape``: its units when they are not chat messages (Responses items).
+        ``shape``: its units when they are not chat messages (Responses items);
+        ``model``: the one ``count`` counts for (chat messages with a model: the
+        outcome is memoized, proxy/context/recall_memo.py).
         """
         started = time.perf_counter()
         outcome = RecallOutcome(status=NONE, budget=budget)
@@ -173,9 +183,25 @@ class RecallService:
             elif self._index is None:
                 outcome.status = UNSUPPORTED
             elif decision.dropped and budget > 0:
-                decision = await self._recall(
-                    spec, budget, ref, conversation, hashes, decision, count, sizes, outcome, shape
-                )
+                key = self._memo_key(spec, budget, ref, hashes, decision, model, shape)
+                again = self._remembered(ref, key, decision, conversation, outcome)
+                if again is not None:
+                    decision = again
+                else:
+                    decision = await self._recall(
+                        spec,
+                        budget,
+                        ref,
+                        conversation,
+                        hashes,
+                        decision,
+                        count,
+                        sizes,
+                        outcome,
+                        shape,
+                    )
+                    if key is not None:
+                        self._remember(ref, key, decision, conversation, outcome, len(hashes))
         except Exception as exc:  # recall must never fail a request (see above)
             outcome.status = ERROR
             outcome.error = f"{type(exc).__name__}: {exc}"[:300]
@@ -183,6 +209,65 @@ class RecallService:
         outcome.ms = (time.perf_counter() - started) * 1000
         self._observe(policy, outcome)
         return decision, outcome
+
+    def _remembered(
+        self,
+        ref: SessionRef,
+        key: Hashable | None,
+        decision: Decision,
+        conversation: Sequence[Message],
+        outcome: RecallOutcome,
+    ) -> Decision | None:
+        """What recall gave the same request over the same items (None: not memoized)."""
+        found = self.memo.get(ref, key) if key is not None else None
+        again = found.applied(decision, conversation) if found is not None else None
+        if found is None or again is None:
+            return None
+        outcome.status, outcome.recalled = found.status, found.recalled
+        outcome.terms, outcome.candidates = found.terms, found.candidates
+        outcome.semantic = found.semantic
+        return again
+
+    def _remember(
+        self,
+        ref: SessionRef,
+        key: Hashable,
+        decision: Decision,
+        conversation: Sequence[Message],
+        outcome: RecallOutcome,
+        hashes: int,
+    ) -> None:
+        result = result_of(
+            outcome.recalled,
+            decision,
+            conversation,
+            status=outcome.status,
+            terms=outcome.terms,
+            candidates=outcome.candidates,
+            semantic=outcome.semantic,
+        )
+        self.memo.put(ref, key, result, hashes)
+
+    def _memo_key(
+        self,
+        spec: RecallSpec,
+        budget: int,
+        ref: SessionRef,
+        hashes: Sequence[str],
+        decision: Decision,
+        model: str | None,
+        shape: Shape | None,
+    ) -> Hashable | None:
+        """What this request's recall depends on; None: not memoized (semantic recall,
+        Responses items, a store that cannot say when the session's items changed)."""
+        if self._versions is None or model is None or shape is not None:
+            return None
+        if spec.embeddings != "none" and self.embeddings is not None:
+            return None
+        version = self._versions(ref)
+        if version is None:
+            return None
+        return RecallMemo.key(version, spec, budget, model, hashes, decision)
 
     async def _recall(
         self,

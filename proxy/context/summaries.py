@@ -27,7 +27,8 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,9 @@ from policies.types import (
 )
 from proxy.background import Background
 from proxy.config.model import UpstreamConfig
+from proxy.context.chain_paths import ChainPaths
 from proxy.context.circuit import Breaker
+from proxy.context.plan_memo import PlanMemo, PlannedView, plan_key
 from proxy.context.summarizer import (
     EXTRACTIVE_MODEL,
     ExtractiveSummarizer,
@@ -89,6 +92,13 @@ class SummaryContext:
     summarizer: Callable[[], Summarizer]
     # The route's name: the summarizer's circuit breaker is per route.
     route: str = ""
+    # The model ``count`` counts for ("": unknown, so no plan is memoized).
+    model: str = ""
+
+    # The session's last path hashes (None: each request hashes its whole history).
+    chains: ChainPaths | None = None
+    # Token counts of ``messages`` by position, when known (the plan counts no message again).
+    sizes: Sequence[int] | None = None
 
     @functools.cached_property
     def paths(self) -> list[str] | None:
@@ -96,6 +106,8 @@ class SummaryContext:
         for the decision and the prefetch after the answer alike."""
         if self.ref is None or self.hashes is None:
             return None
+        if self.chains is not None:
+            return self.chains.of(self.ref, self.hashes)
         return chain_path_hashes(self.hashes)
 
 
@@ -126,6 +138,8 @@ class SummaryOutcome:
 
 
 _Key = tuple[SessionRef, int, str]
+# Stored summaries kept as plans take them (a summary and its facts each).
+STATES = 1024
 _Result = StoredSummary | SummaryFailed
 
 
@@ -147,6 +161,12 @@ class SummaryService:
         # Repeated failures of a route's summarizer stop its calls for a while.
         self.breaker = breaker or Breaker()
         self.breaker.register(metrics)
+        # Each session's last plan, for a request planned as the last one was.
+        self.memo = PlanMemo()
+        # Each session's last path hashes, for the prefix its next request resends.
+        self.chains = ChainPaths()
+        # Stored summaries as plans take them: made once per (summary, position).
+        self._seen: OrderedDict[tuple[int, int], SummaryState] = OrderedDict()
 
     @property
     def inflight(self) -> int:
@@ -160,12 +180,27 @@ class SummaryService:
         """
         paths = ctx.paths
         states = await self._states(ctx.ref, paths) if ctx.ref and paths else []
-        planned = plan(ctx.messages, ctx.spec, ctx.count, ctx.budget, states)
+        key = self._key(ctx, paths, len(ctx.messages), states)
+        known = self.memo.view(ctx.ref, key) if ctx.ref is not None and key is not None else None
+        if known is not None:
+            if known.status == "reused":
+                self.metrics.count_summary("reused")
+            decision = known.decision_for(ctx.messages)
+            return SummaryOutcome(decision, known.status, summary_id=known.summary_id)
+        planned = plan(ctx.messages, ctx.spec, ctx.count, ctx.budget, states, ctx.sizes)
         if planned.decision is not None:
             if planned.reused is None:
-                return SummaryOutcome(planned.decision, "none")
-            self.metrics.count_summary("reused")
-            return SummaryOutcome(planned.decision, "reused", summary_id=planned.reused.id)
+                outcome = SummaryOutcome(planned.decision, "none")
+            else:
+                self.metrics.count_summary("reused")
+                outcome = SummaryOutcome(planned.decision, "reused", summary_id=planned.reused.id)
+            if ctx.ref is not None and key is not None:
+                view = PlannedView.of(
+                    planned.decision, ctx.messages, outcome.status, outcome.summary_id
+                )
+                if view is not None:
+                    self.memo.remember_view(ctx.ref, key, view)
+            return outcome
         task, backup = planned.task, planned.fallback
         assert task is not None and backup is not None  # a plan without a decision has both
         if ctx.ref is None or paths is None:
@@ -212,20 +247,45 @@ class SummaryService:
         known = ctx.paths or []
         paths = [*known, path_hash(known[-1] if known else None, reply_hash)]
         states = await self._states(ctx.ref, paths)
-        task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states)
+        key = self._key(ctx, paths, len(messages), states)
+        if key is not None and self.memo.idle(ctx.ref, key):
+            return  # planned before: nothing to make
+        sizes = None if ctx.sizes is None else [*ctx.sizes, ctx.count(reply)]
+        task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states, sizes)
         if task is None:
+            if key is not None:
+                self.memo.remember_idle(ctx.ref, key)
             return
         key = (ctx.ref, task.start_unit, paths[task.end - 1])
         if key not in self._inflight and self.breaker.allow(ctx.route):
-            ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes)
+            ahead = dataclasses.replace(ctx, messages=messages, hashes=hashes, sizes=sizes)
             await self._start(key, ahead, task, paths, prefetched=True)
+
+    @staticmethod
+    def _key(
+        ctx: SummaryContext, paths: Sequence[str] | None, n: int, states: Sequence[SummaryState]
+    ) -> Hashable | None:
+        """The memo's key for a plan of the first ``n`` messages (None: not memoized)."""
+        if not paths or not ctx.model or len(paths) != n:
+            return None
+        return plan_key(paths[-1], n, ctx.spec, ctx.budget, ctx.model, states)
 
     async def _states(self, ref: SessionRef, paths: Sequence[str]) -> list[SummaryState]:
         stored = await self.store.summaries_for(ref, paths)
         if not stored:
             return []
         position = {h: i for i, h in enumerate(paths)}
-        return [_state(s, position[s.covers_path_hash] + 1) for s in stored]
+        return [self._state(s, position[s.covers_path_hash] + 1) for s in stored]
+
+    def _state(self, stored: StoredSummary, covers: int) -> SummaryState:
+        """``_state``, once per summary and position (summaries never change once stored)."""
+        key = (stored.id, covers)
+        state = self._seen.get(key)
+        if state is None:
+            state = self._seen[key] = _state(stored, covers)
+            while len(self._seen) > STATES:
+                self._seen.popitem(last=False)
+        return state
 
     def _start(
         self,

@@ -69,7 +69,9 @@ class SessionRef:
     key: str
 
 
-@dataclass(frozen=True)
+# MessageIn and StoredItem have slots: the caches hold one per message of every
+# session they keep, and a __dict__ made each ~300 bytes larger.
+@dataclass(frozen=True, slots=True)
 class MessageIn:
     """A message (or reply) to store: the raw JSON plus its queryable columns."""
 
@@ -81,7 +83,7 @@ class MessageIn:
     status: str = "complete"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredItem:
     id: int
     session_id: int

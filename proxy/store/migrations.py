@@ -261,6 +261,85 @@ MIGRATIONS: tuple[str, ...] = (
             WHERE id = old.id AND body != '' AND pos IS NOT NULL;
     END;
     """,
+    # 8: the recall index with one namespace per session (see proxy/store/sqlite_search.py).
+    # Each word of an item's searchable text is indexed as ``s<session id>_<word>``, and
+    # every indexed item holds the token ``s<session id>_``, so a term's doclist is the
+    # session's own (it was every session's, merged with the session's ``scope``
+    # doclist on each query). The view puts a space for each separator of chat text
+    # (``_`` included, which ``tokenchars`` makes part of a token), then the prefix
+    # before every word; a word after a separator not listed is indexed without it
+    # and found by no query. ``body`` is NULL for an item without text: its row adds
+    # nothing to the index and its delete removes nothing. ``detail = none``: rowids
+    # only (search never read positions); ``columnsize = 0``: no lengths (BM25 is
+    # computed in Python from items.token_count). Indexed and deleted through the
+    # view, as in version 7.
+    """
+    DROP TRIGGER items_fts_delete;
+    DROP TABLE items_fts;
+    DROP VIEW items_fts_source;
+    CREATE VIEW items_fts_source (id, body) AS
+        SELECT id, 's' || session_id || '_'
+            || replace(' ' || nullif(t, ''), ' ', ' s' || session_id || '_')
+        FROM (SELECT id, session_id,
+            replace(replace(replace(replace(replace(replace(replace(replace(
+            replace(replace(replace(replace(replace(replace(replace(replace(
+            replace(t,
+            char(191), ' '), char(65292), ' '), char(12290), ' '), char(12289), ' '),
+            char(65281), ' '), char(65311), ' '), char(65306), ' '), char(65307), ' '),
+            char(65288), ' '), char(65289), ' '), char(12300), ' '), char(12301), ' '),
+            char(12302), ' '), char(12303), ' '), char(12304), ' '), char(12305), ' '),
+            char(12539), ' ') AS t
+        FROM (SELECT id, session_id,
+            replace(replace(replace(replace(replace(replace(replace(replace(
+            replace(replace(replace(replace(replace(replace(replace(replace(t,
+            '#', ' '), '@', ' '), '~', ' '), '`', ' '), char(8217), ' '), char(8216), ' '),
+            char(8220), ' '), char(8221), ' '), char(8212), ' '), char(8211), ' '),
+            char(8230), ' '), char(171), ' '), char(187), ' '), char(8226), ' '), char(183), ' '),
+            char(161), ' ') AS t
+        FROM (SELECT id, session_id,
+            replace(replace(replace(replace(replace(replace(replace(replace(
+            replace(replace(replace(replace(replace(replace(replace(replace(t,
+            '[', ' '), ']', ' '), '{', ' '), '}', ' '), '<', ' '), '>', ' '), '/', ' '), '|', ' '),
+            '-', ' '), '+', ' '), '=', ' '), '*', ' '), '&', ' '), '^', ' '), '%', ' '),
+            '$', ' ') AS t
+        FROM (SELECT id, session_id,
+            replace(replace(replace(replace(replace(replace(replace(replace(
+            replace(replace(replace(replace(replace(replace(replace(replace(t,
+            char(9), ' '), char(10), ' '), char(13), ' '), char(160), ' '), char(92), ' '),
+            '_', ' '), '.', ' '), ',', ' '), ';', ' '), ':', ' '), '!', ' '), '?', ' '),
+            '''', ' '), '"', ' '), '(', ' '), ')', ' ') AS t
+        FROM (SELECT i.id, i.session_id, CASE WHEN json_valid(i.message_json) THEN trim(
+            CASE json_type(i.message_json, '$.content')
+                WHEN 'text' THEN json_extract(i.message_json, '$.content')
+                WHEN 'array' THEN coalesce((
+                    SELECT group_concat(json_extract(part.value, '$.text'), char(10))
+                    FROM json_each(i.message_json, '$.content') AS part
+                    WHERE json_type(part.value, '$.text') = 'text'), '')
+                ELSE '' END
+            || char(10) || coalesce((
+                SELECT group_concat(
+                    coalesce(json_extract(call.value, '$.function.name'), '') || ' '
+                    || coalesce(json_extract(call.value, '$.function.arguments'), ''),
+                    char(10))
+                FROM json_each(i.message_json, '$.tool_calls') AS call
+                WHERE json_type(i.message_json, '$.tool_calls') = 'array'), '')
+            || char(10) || CASE WHEN json_type(i.message_json, '$.arguments') = 'text'
+                THEN coalesce(json_extract(i.message_json, '$.name'), '') || ' '
+                    || json_extract(i.message_json, '$.arguments') ELSE '' END
+            || char(10) || CASE WHEN json_type(i.message_json, '$.output') = 'text'
+                THEN json_extract(i.message_json, '$.output') ELSE '' END,
+            char(10) || ' ') ELSE '' END AS t
+        FROM items i WHERE i.pos IS NOT NULL)))));
+    CREATE VIRTUAL TABLE items_fts USING fts5 (
+        body, content = 'items_fts_source', content_rowid = 'id',
+        detail = none, columnsize = 0, tokenize = 'porter unicode61 tokenchars ''_'''
+    );
+    INSERT INTO items_fts (rowid, body) SELECT id, body FROM items_fts_source;
+    CREATE TRIGGER items_fts_delete BEFORE DELETE ON items BEGIN
+        INSERT INTO items_fts (items_fts, rowid, body)
+            SELECT 'delete', id, body FROM items_fts_source WHERE id = old.id;
+    END;
+    """,
 )
 
 

@@ -368,7 +368,7 @@ class RedisStore:
     async def search(
         self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
     ) -> list[bytes]:
-        """The recall index's script: {item id, position, score, item JSON, ...}, best first."""
+        """The recall index's script: {item id, position, score, content hash, ...}, best first."""
         return list(await self._run("SEARCH", session.tenant, session.key, limit, before, *words))
 
     # -- summaries ----------------------------------------------------------------

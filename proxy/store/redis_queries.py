@@ -190,7 +190,11 @@ return redis.call('HVALS', P .. 'm:' .. sid)
 
 # ARGV: 1 prefix, 2 tenant, 3 key, 4 limit, 5 before ('' for none), 6... the
 # stemmed words. Okapi BM25 (k1 1.2, b 0.75) over the postings of those words
-# only. Returns {item id, position, score, item JSON, ...}, best first.
+# only, and of those only the ones in at most 5% of the session's items (or 50)
+# when there are any, else the two rarest, as the SQLite index chooses
+# (sqlite_search.informative): a word in most items weighs next to nothing, and
+# parsing its postings was most of a search at 5,000 stored turns. Returns
+# {item id, position, score, content hash, ...}, best first.
 SEARCH = (
     _READ
     + r"""
@@ -202,20 +206,31 @@ if total == 0 then return {} end
 local average = tonumber(stats[2]) / total
 local limit, before = tonumber(ARGV[4]), tonumber(ARGV[5])
 local index = P .. 'x:' .. sid
-local scores, positions, ranked = {}, {}, {}
+local found, chosen = {}, {}
+local cap = math.max(50, 0.05 * total)
 for i = 6, #ARGV do
   local posting = redis.call('HGET', index, ARGV[i])
   if posting then
-    local _, n = string.gsub(posting, ';', '')
-    local idf = math.log(1 + (total - n + 0.5) / (n + 0.5))
-    for id, tf, length, position in string.gmatch(posting, '(%d+),(%d+),(%d+),(%d+);') do
-      if not before or tonumber(position) < before then
-        local f = tonumber(tf)
-        local score = idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * tonumber(length) / average))
-        if not scores[id] then ranked[#ranked + 1] = id end
-        scores[id] = (scores[id] or 0) + score
-        positions[id] = position
-      end
+    local _, n = string.gsub(posting, ';', ';')
+    found[#found + 1] = {n, ARGV[i], posting}
+    if n <= cap then chosen[#chosen + 1] = found[#found] end
+  end
+end
+if #chosen == 0 then
+  table.sort(found, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  chosen = {found[1], found[2]}
+end
+local scores, positions, ranked = {}, {}, {}
+for _, word in ipairs(chosen) do
+  local n, posting = word[1], word[3]
+  local idf = math.log(1 + (total - n + 0.5) / (n + 0.5))
+  for id, tf, length, position in string.gmatch(posting, '(%d+),(%d+),(%d+),(%d+);') do
+    if not before or tonumber(position) < before then
+      local f = tonumber(tf)
+      local score = idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * tonumber(length) / average))
+      if not scores[id] then ranked[#ranked + 1] = id end
+      scores[id] = (scores[id] or 0) + score
+      positions[id] = position
     end
   end
 end
@@ -227,7 +242,9 @@ for i = 1, math.min(limit, #ranked) do
   out[#out + 1] = id
   out[#out + 1] = positions[id]
   out[#out + 1] = string.format('%.17g', scores[id])
-  out[#out + 1] = redis.call('HGET', items, id)
+  -- The item's content hash, its JSON's second field (both hashes are hex).
+  local item = redis.call('HGET', items, id)
+  out[#out + 1] = string.match(item, '^%["[^"]*","([^"]*)"') or cjson.decode(item)[2]
 end
 return out
 """

@@ -22,8 +22,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
 from proxy.store.search_text import search_text, stem, tokens, words
@@ -72,8 +70,7 @@ class RedisRecallIndex:
         out = await self._store.search(
             session, wanted, limit=limit, before="" if before is None else str(before)
         )
-        hits: list[SearchHit] = []
-        for i in range(0, len(out), 4):
-            item = orjson.loads(out[i + 3])
-            hits.append(SearchHit(int(out[i]), int(out[i + 1]), item[1], float(out[i + 2])))
-        return hits
+        return [
+            SearchHit(int(out[i]), int(out[i + 1]), out[i + 3].decode(), float(out[i + 2]))
+            for i in range(0, len(out), 4)
+        ]

@@ -7,6 +7,7 @@ exactly (the contract tests compare every field).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,12 @@ def item_from_row(row: Any) -> StoredItem:
     message = orjson.loads(columns.pop("message_json"))
     # SQLite's chain position column (migration 7) is the recall index's, not the item's.
     columns.pop("pos", None)
+    # A few distinct values on thousands of items a history cache may hold: one
+    # string each (interned) instead of one per item, for the column and the message.
+    role = columns["role"] = sys.intern(columns["role"])
+    columns["status"] = sys.intern(columns["status"])
+    if message.get("role") == role:
+        message["role"] = role
     return StoredItem(**columns, message=message)
 
 

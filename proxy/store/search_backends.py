@@ -1,19 +1,17 @@
 """Which recall index (and vector index) serves a store: one per backend.
 
-A new backend adds its case here.
+A new backend adds its case here. The PostgreSQL and Redis modules are imported
+only when such a store is in use: asyncpg and redis-py are ~10 MB of RSS that a
+SQLite proxy never needs (``build_store`` imports them lazily too).
 """
 
 from __future__ import annotations
 
-from proxy.store.base import Store
+from collections.abc import Callable
+
+from proxy.store.base import SessionRef, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.memory_search import MemoryRecallIndex
-from proxy.store.postgres import PostgresStore
-from proxy.store.postgres_search import PostgresRecallIndex
-from proxy.store.postgres_vectors import PostgresVectorIndex
-from proxy.store.redis import RedisStore
-from proxy.store.redis_search import RedisRecallIndex
-from proxy.store.redis_vectors import RedisVectorIndex
 from proxy.store.search import RecallIndex
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
@@ -27,10 +25,23 @@ def recall_index_for(store: Store) -> RecallIndex | None:
         return SqliteRecallIndex(store.fetch)
     if isinstance(store, MemoryStore):
         return MemoryRecallIndex(store)
+    from proxy.store.postgres import PostgresStore
+    from proxy.store.postgres_search import PostgresRecallIndex
+    from proxy.store.redis import RedisStore
+    from proxy.store.redis_search import RedisRecallIndex
+
     if isinstance(store, PostgresStore):
         return PostgresRecallIndex(store._fetch)
     if isinstance(store, RedisStore):
         return RedisRecallIndex(store)
+    return None
+
+
+def items_versions_for(store: Store) -> Callable[[SessionRef], int | None] | None:
+    """The version of a session's stored items, where the store knows every write of them
+    (SQLite: one process serves it); None elsewhere (the recall memo is then off)."""
+    if isinstance(store, SqliteStore):
+        return store.items_version
     return None
 
 
@@ -40,6 +51,11 @@ def vector_index_for(store: Store) -> VectorIndex | None:
         return SqliteVectorIndex(store.fetch, store.write)
     if isinstance(store, MemoryStore):
         return store
+    from proxy.store.postgres import PostgresStore
+    from proxy.store.postgres_vectors import PostgresVectorIndex
+    from proxy.store.redis import RedisStore
+    from proxy.store.redis_vectors import RedisVectorIndex
+
     if isinstance(store, PostgresStore):
         return PostgresVectorIndex(store._fetch, store._transaction)
     if isinstance(store, RedisStore):

@@ -35,6 +35,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
+from proxy.store.item_versions import ItemVersions
 from proxy.store.migrations import MIGRATIONS, migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_history import SqliteHistoryCache
@@ -103,6 +104,8 @@ class SqliteStore:
         self._chains = ChainCache(max_bytes=caches.chains)
         self._histories = SqliteHistoryCache(max_bytes=caches.histories)
         self._summaries = SummaryMemo()
+        # Each session's items' version, for the recall step's memo (proxy/store/item_versions.py).
+        self._items = ItemVersions()
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: aiosqlite.Connection | None = None
         self._writer: SqliteWriter | None = None
@@ -258,6 +261,7 @@ class SqliteStore:
             self._summaries.written(session, result.session_id)
             ids = [*result.item_ids, *([] if result.reply_id is None else [result.reply_id])]
             self._chains.committed(session, result.session_id, content, paths, ids)
+            self._items.committed(session, result.session_id, ids)
 
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
         return list(await self._conn.execute_fetchall(query, params))
@@ -265,6 +269,10 @@ class SqliteStore:
     async def fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
         """One read on the store's connection (the recall index's queries)."""
         return await self._fetch(query, params)
+
+    def items_version(self, session: SessionRef) -> int | None:
+        """The version of the session's stored items (proxy/store/item_versions.py)."""
+        return self._items.version(session)
 
     async def write(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
         """One job on the store's writer, in its own savepoint (the vector index's writes)."""
@@ -329,6 +337,7 @@ class SqliteStore:
             return bool(await self._delete(requests, sessions, (session.tenant, session.key)))
         finally:
             self._summaries.changed()
+            self._items.changed(session)
 
     async def delete_idle_sessions(self, older_than: float) -> int:
         # Requests made before their session existed have no session id for
@@ -342,6 +351,7 @@ class SqliteStore:
             return len(await self._delete(requests, sessions, (older_than,)))
         finally:
             self._summaries.changed()
+            self._items.changed()
 
     async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
         # Whole sessions (maybe thousands of rows): on the writer's thread, not the loop.
@@ -365,6 +375,7 @@ class SqliteStore:
         # The client gets its answer after this commit: no linger.
         result: ExchangeResult = await self._write(job, urgent=True)
         self._summaries.written(session, result.session_id)
+        self._items.changed(session)
         return result
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
@@ -394,6 +405,7 @@ class SqliteStore:
             return await self._write(job, inline=False)
         finally:
             self._summaries.changed()
+            self._items.changed()
 
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 
@@ -405,9 +417,14 @@ class SqliteStore:
             sqlite_summaries.save_summary_job, jobs.store_chain, session, list(covered), summary
         )
         try:
-            return await self._write(job)
-        finally:
+            stored: StoredSummary = await self._write(job)
+        except BaseException:
             self._summaries.changed(session)
+            raise
+        finally:
+            self._items.changed(session)
+        self._summaries.saved(session, stored)
+        return stored
 
     async def summaries(self, session: SessionRef) -> list[StoredSummary]:
         rows = await self._fetch(sqlite_summaries.SESSION_SUMMARIES, (session.tenant, session.key))

@@ -7,9 +7,11 @@ the last one found, or nothing. The SQLite store is served by one process
 (``proxy check`` says so), and every write of a summary or delete goes
 through it, so a memo invalidated by those writes is exact:
 
-- ``save_summary`` and every delete (session, idle sessions, a response)
-  invalidate once committed; each bumps an epoch, and a read that began
-  before a bump does not fill the memo with what it read (it may be stale);
+- ``save_summary`` adds the summary it stored to the session's entry (the
+  entry was complete, and every summary since was added to it), and every
+  delete (session, idle sessions, a response) invalidates, once committed;
+  each bumps an epoch, and a read that began before a bump does not fill
+  the memo with what it read (it may be stale);
 - a session with no summaries is memoized too (an empty list): a request
   that needs no summary reads nothing.
 
@@ -73,6 +75,21 @@ class SummaryMemo:
         found = self._sessions.get((session.tenant, session.key))
         if found is not None and found[0] != session_id:
             del self._sessions[(session.tenant, session.key)]
+
+    def saved(self, session: SessionRef, stored: StoredSummary) -> None:
+        """A summary write committed: ``stored`` is the session's summary for its range
+        (the one it wrote, or the one stored first). Added to the entry, no read again."""
+        self._epoch += 1
+        key = (session.tenant, session.key)
+        found = self._sessions.get(key)
+        if found is None:
+            return
+        session_id, summaries = found
+        if session_id != stored.session_id:
+            del self._sessions[key]  # the session made since the entry was read
+        elif all(s.id != stored.id for s in summaries):
+            # A new list: callers may hold the old one.
+            self._sessions[key] = (session_id, [*summaries, stored])
 
     def changed(self, session: SessionRef | None = None) -> None:
         """A write committed: forget ``session``'s summaries (None: every session's)."""

@@ -280,3 +280,31 @@ def test_a_stored_item_missed_takes_the_count_stored_with_it(hashed):
     again = cache.messages(ALICE, [message, new, user("third")], counter, items=[item])
     assert again[:2] == got and again[0] is got[0]
     assert hashed == [user("third")]
+
+
+@pytest.mark.parametrize("edit", [False, True], ids=["resent", "resent-after-an-edit"])
+def test_a_resent_history_is_held_once_not_once_per_copy_parsed(edit):
+    """The keys kept share the kept messages' strings, not those of the copy just parsed."""
+    cache = MessageCache()
+    counter = TiktokenCounter("gpt-4o", encoding=load_encoding("o200k_base"))
+    history = [user(f"{i} " + "z" * 2000) for i in range(200)]
+    body = orjson.dumps(history)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cache.messages(ALICE, orjson.loads(body), counter)
+        gc.collect()
+        first = tracemalloc.get_traced_memory()[0] - base
+        for n in range(3):
+            again = orjson.loads(body)
+            if edit:  # an edited turn: the rest is found by key, not by position
+                again[n] = user(f"edited {n}")
+            cache.messages(ALICE, again, counter)
+            del again
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert first > 200 * 2000
+    assert held < 1.2 * first, (held, first)

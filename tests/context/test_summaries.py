@@ -170,3 +170,64 @@ async def test_entities_the_summary_invents_are_flagged_in_the_stored_record(
     (stored,) = await service.store.summaries(REF)
     assert stored.flagged == ["order #999", "$45"]
     assert {"kind": "id", "value": "order #100"} in stored.facts
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Calls of the planner's ``name`` (plan, prefetch) by the service, one entry each."""
+    from proxy.context import summaries
+
+    calls: list[int] = []
+    real = getattr(summaries, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(summaries, name, counted)
+    return calls
+
+
+async def test_a_request_planned_before_is_planned_from_the_memo_until_its_summaries_change(
+    service: SummaryService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plans = counting(monkeypatch, "plan")
+    summarizer = Scripted()
+    messages = conversation(5)
+    made = await service.decide(ctx(messages, summarizer, model="m"))
+    assert made.status == "created" and len(plans) == 1
+    first = await service.decide(ctx(messages, summarizer, model="m"))
+    assert first.status == "reused" and len(plans) == 2
+    # The same history again, in new objects: no plan, the same decision, its own messages.
+    again = [dict(m) for m in messages]
+    second = await service.decide(ctx(again, summarizer, model="m"))
+    assert len(plans) == 2
+    assert (second.status, second.summary_id) == (first.status, first.summary_id)
+    assert dataclasses.replace(second.decision, messages=[]) == dataclasses.replace(
+        first.decision, messages=[]
+    )
+    assert second.decision.messages == first.decision.messages
+    # Each forwarded message is the request's own object, but the summary's.
+    own = {id(m) for m in again}
+    assert all(id(m) in own or m not in again for m in second.decision.messages)
+    # Another budget, another model, or no model: planned again.
+    await service.decide(ctx(again, summarizer, model="m", budget=Budget(fixed=4)))
+    await service.decide(ctx(again, summarizer, model="n"))
+    await service.decide(ctx(again, summarizer))
+    assert len(plans) == 5
+
+
+async def test_a_prefetch_that_found_nothing_to_make_is_not_planned_again(
+    service: SummaryService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plans = counting(monkeypatch, "prefetch")
+    summarizer = Scripted()
+    messages = conversation(1)  # far from the trigger: nothing to make ahead
+    reply = {"role": "assistant", "content": "ok"}
+    for _ in range(3):
+        service.prefetch_after(ctx(messages, summarizer, model="m"), reply, content_hash(reply))
+        await service.background.drain()
+    assert len(plans) == 1 and summarizer.requests == []
+    other = {"role": "assistant", "content": "another answer"}
+    service.prefetch_after(ctx(messages, summarizer, model="m"), other, content_hash(other))
+    await service.background.drain()
+    assert len(plans) == 2

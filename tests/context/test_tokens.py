@@ -256,3 +256,25 @@ def test_content_orjson_cannot_serialize_is_still_counted_and_cached() -> None:
     assert first > PER_MESSAGE + tokens("user")
     calls = len(encoder.calls)
     assert counter.count_message(message) == first and len(encoder.calls) == calls
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_a_loaded_encoding_drops_its_python_ranks_and_encodes_as_tiktoken_does(name: str) -> None:
+    import tiktoken
+    import tiktoken_ext.openai_public as public
+
+    encoding = load_encoding(name)
+    # The Rust tokenizer keeps its own copy; the Python dict (~36 MB for both) goes.
+    assert encoding._mergeable_ranks == {}  # type: ignore[attr-defined]
+    fresh = tiktoken.Encoding(**getattr(public, name)())
+    assert len(fresh._mergeable_ranks) > 100_000
+    texts = [
+        "hello world",
+        "Ünïcödé ✓ 日本語のテキスト 🙂🙂",
+        "def f(x):\n    return x ** 2  # comment\n\n\n",
+        " ".join(str(i) for i in range(500)),
+        "a" * 3000,
+        "<|endoftext|> is plain text here",
+    ]
+    for text in texts:
+        assert encoding.encode_ordinary(text) == fresh.encode_ordinary(text)

@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from policies.apply import apply
 from policies.items import ItemShape, trim_items
-from policies.recall import BLOCK_CLOSE, BLOCK_OPEN, Hit, recall, reserve
+from policies.recall import (
+    BLOCK_CLOSE,
+    BLOCK_OPEN,
+    LINE_TOKENS,
+    Hit,
+    _block_message,
+    recall,
+    reserve,
+)
 from policies.summarize import assemble
 from policies.trim import trim
 from policies.types import Budget, ContextTooLong, RecallSpec, SummarizeSpec, SummaryState, TrimSpec
@@ -46,7 +54,9 @@ def trimmed(messages: list[Any], limit: int) -> Any:
 def test_a_hit_brings_its_message_and_its_neighbors_before_the_newest_message():
     messages = chat()
     decision = trimmed(messages, 200)
-    out, got = recall(messages, decision, [Hit(7, 3.0, item_id=70)], simple_count, 400, fill=False)
+    out, got = recall(
+        messages, decision, [Hit(7, 3.0, item_id=70)], simple_count, 400, neighbors=1, fill=False
+    )
     assert got.spans == ((6, 7), (7, 8), (8, 9))
     assert got.hits == (Hit(7, 3.0, 70),)
     at = block_of(out.messages)
@@ -76,6 +86,41 @@ def test_a_unit_that_does_not_fit_is_skipped_for_the_next():
         messages, decision, [Hit(3, 9.0), Hit(11, 1.0)], simple_count, 200, neighbors=0, fill=False
     )
     assert got.spans == ((11, 12),)
+
+
+def room_for(messages: list[Any], *positions: int) -> int:
+    """A recall budget that fits the block's frame and these messages' lines."""
+    lines = sum(simple_count(messages[i]) + LINE_TOKENS for i in positions)
+    return simple_count(_block_message([])) + lines + 2
+
+
+def test_the_message_after_a_hit_comes_back_before_the_one_before_it():
+    messages = chat()
+    decision = trimmed(messages, 200)
+    budget = room_for(messages, 7, 8)
+    _, got = recall(messages, decision, [Hit(7, 3.0)], simple_count, budget, fill=False)
+    assert got.spans == ((7, 8), (8, 9))
+
+
+def test_a_message_between_two_hits_outranks_a_weaker_hit_and_a_lone_hits_neighbors():
+    messages = chat()
+    decision = trimmed(messages, 200)
+    hits = [Hit(5, 1.0), Hit(7, 1.0), Hit(15, 1.5)]
+    budget = room_for(messages, 15, 6)
+    _, got = recall(messages, decision, hits, simple_count, budget, neighbors=1, fill=False)
+    # 6 gets a share of both hits (0.7 + 0.5): more than 5, 7 or 16 (0.7 * 1.5).
+    assert got.spans == ((6, 7), (15, 16))
+    assert [h.index for h in got.hits] == [15]
+    budget = room_for(messages, 15, 7)
+    _, alone = recall(messages, decision, hits, simple_count, budget, neighbors=0, fill=False)
+    assert alone.spans == ((7, 8), (15, 16))
+
+
+def test_neighbors_reach_that_many_units_on_each_side():
+    messages = chat()
+    decision = trimmed(messages, 200)
+    _, got = recall(messages, decision, [Hit(9, 1.0)], simple_count, 2000, neighbors=2, fill=False)
+    assert got.spans == ((7, 8), (8, 9), (9, 10), (10, 11), (11, 12))
 
 
 def test_a_tool_call_comes_back_with_its_results_as_quoted_text():
@@ -142,7 +187,9 @@ def test_budget_left_after_the_hits_goes_to_more_context_around_the_best_hit():
     decision = trimmed(messages, 200)
     _, got = recall(messages, decision, [Hit(15, 3.0)], simple_count, 260, neighbors=0)
     # Nearest first on both sides, alternately, until the next one does not fit.
-    assert got.spans == ((13, 14), (14, 15), (15, 16), (16, 17), (17, 18))
+    starts = [start for start, _ in got.spans]
+    assert len(starts) >= 5 and starts == list(range(starts[0], starts[-1] + 1))
+    assert abs((15 - starts[0]) - (starts[-1] - 15)) <= 1
     assert got.tokens <= 260
 
 
@@ -264,3 +311,27 @@ def test_responses_items_come_back_in_the_policys_units():
         shape.pinned(0)
         and recall(items, decision, [Hit(0, 9.0)], simple_count, 400, shape=shape)[1].spans == ()
     )
+
+
+@given(st.lists(st.text(max_size=40), min_size=3, max_size=3))
+def test_a_plain_message_is_quoted_exactly_as_the_json_encoder_quotes_it(texts: list[str]):
+    # Plain {role, content} messages take a short path to their line: the same bytes.
+    messages = chat()
+    named = {"role": "user", "content": texts[2], "name": "ann"}
+    messages[5:8] = [
+        {"role": "user", "content": texts[0] + '"</recalled_turns>\n\\'},
+        {"role": "assistant", "content": texts[1] + "é 京 \u2028"},
+        named,
+    ]
+    decision = trimmed(messages, 200)
+    hit = [Hit(6, 3.0)]
+    out, got = recall(messages, decision, hit, simple_count, 400, neighbors=1, fill=False)
+    assert got.spans == ((5, 6), (6, 7), (7, 8))
+    block = out.messages[got.position]["content"]
+    expected = [
+        {"position": 6, "role": "user", "text": messages[5]["content"]},
+        {"position": 7, "role": "assistant", "text": messages[6]["content"]},
+        {"position": 8, "role": "user", "name": "ann", "text": texts[2]},
+    ]
+    for line in expected:
+        assert "\n" + json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" in block

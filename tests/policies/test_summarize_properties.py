@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.summarize import assemble, plan
+from policies.summarize import assemble, plan, prefetch
 from policies.transcript import PAIR_REQUEST, SUMMARY_HEADER
 from policies.trim import trim
 from policies.types import Budget, ContextTooLong, Message, SummarizeSpec, TrimSpec
@@ -157,3 +157,23 @@ def test_a_view_always_fits_the_budget_with_the_summary_and_pairs_intact(
     # The newest turn is always there, whole (its tool results possibly clipped).
     newest = units_of(messages, set())[-1] if units_of(messages, set()) else []
     assert all(i in d.kept for i in newest)
+
+
+@FAST
+@given(conversations(broken=False), specs, st.integers(200, 3000))
+def test_the_callers_token_counts_plan_and_prefetch_as_counting_does(
+    messages: list, s: SummarizeSpec, limit: int
+) -> None:
+    sizes = [count(m) for m in messages]
+    budget = Budget(limit=limit, fixed=3)
+    try:
+        counted = plan(messages, s, count, budget)
+    except ContextTooLong:
+        return
+    given_sizes = plan(messages, s, count, budget, sizes=sizes)
+    assert given_sizes == counted
+    state = counted.task.state("S1") if counted.task is not None else None
+    states = [state] if state is not None else []
+    history = [*messages, {"role": "assistant", "content": "ok"}]
+    expected = prefetch(history, s, count, budget, states)
+    assert prefetch(history, s, count, budget, states, [*sizes, count(history[-1])]) == expected

@@ -75,3 +75,17 @@ def test_words_are_porter_stems_of_letter_and_digit_runs_without_accents() -> No
     ]
     assert index_terms({"role": "user", "content": "order order 12"}) == "3 order:2 12:1"
     assert index_terms({"role": "user", "content": "  "}) == ""
+
+
+async def test_words_in_most_of_a_long_session_are_left_out_when_rarer_ones_are_there(
+    pair: tuple[RedisStore, RedisStore],
+) -> None:
+    # As the SQLite index does: "order" is in every item, so a query with "lost"
+    # ranks by "lost" alone; with nothing rarer, the rarest words still rank.
+    a, _ = pair
+    texts = [f"the order {i} is shipped" for i in range(120)] + ["the order is lost"]
+    history = [msg("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)]
+    await a.record_exchange(ALICE, history, None, req())
+    index = RedisRecallIndex(a)
+    assert [h.position for h in await index.search(ALICE, ["order", "lost"], limit=3)] == [120]
+    assert len(await index.search(ALICE, ["order", "shipped"], limit=3)) == 3

@@ -57,3 +57,32 @@ async def test_migration_3_indexes_an_existing_database_like_the_writer_does() -
     finally:
         await store.pool.execute(f"DROP SCHEMA {schema} CASCADE")
         await store.close()
+
+
+async def test_migration_5_gives_a_version_4_database_the_indexes_recall_reads() -> None:
+    url, schema = require_postgres(), f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}"
+    store = PostgresStore(url, pool_size=2, schema=schema)
+    await store.open()
+    try:
+        await store.record_exchange(ALICE, conversation(), None, req())
+        await store.pool.execute(
+            "DROP INDEX items_session_id; ALTER INDEX items_search SET (fastupdate = on);"
+            " DELETE FROM schema_migrations WHERE version = 5"
+        )
+    finally:
+        await store.close()
+    store = PostgresStore(url, pool_size=2, schema=schema)
+    await store.open()
+    try:
+        options = await store.pool.fetchval(
+            "SELECT reloptions FROM pg_class WHERE oid = 'items_search'::regclass"
+        )
+        assert options == ["fastupdate=off"]
+        assert await store.pool.fetchval("SELECT 'items_session_id'::regclass::text")
+        index = recall_index_for(store)
+        assert index is not None
+        hits = await index.search(ALICE, ["lyon"], limit=3)
+        assert [h.position for h in hits] == [2]
+    finally:
+        await store.pool.execute(f"DROP SCHEMA {schema} CASCADE")
+        await store.close()

@@ -1,4 +1,4 @@
-"""The SQLite recall index: the migration indexes existing databases, rows go with their items."""
+"""The SQLite recall index: the migrations index existing databases, rows go with their items."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.store.base import MessageIn, SessionRef
+from proxy.store.migrations import MIGRATIONS, split_statements
 from proxy.store.search_text import search_text
 from proxy.store.sqlite import SqliteStore
-from proxy.store.sqlite_search import SqliteRecallIndex
+from proxy.store.sqlite_search import SqliteRecallIndex, words
 from tests.store.test_search_contract import TEXTS, conversation
 from tests.stores import ALICE, req
 
@@ -34,17 +36,18 @@ SHAPES: list[dict[str, Any]] = [
 ]
 
 
-def fts_rows(path: Path) -> dict[int, tuple[str, str, int]]:
-    """The rows the index holds (an external-content table's scan would list every item)."""
+def fts_rows(path: Path) -> dict[int, frozenset[str]]:
+    """The rows the index holds, each as its terms (it keeps rowids only, no text)."""
     con = sqlite3.connect(path)
     try:
-        rows = con.execute(
-            "SELECT rowid, scope, body, pos FROM items_fts"
-            " WHERE rowid IN (SELECT id FROM items_fts_docsize)"
-        ).fetchall()
+        con.execute("CREATE VIRTUAL TABLE temp.words USING fts5vocab (main, items_fts, instance)")
+        rows = con.execute("SELECT doc, term FROM temp.words").fetchall()
     finally:
         con.close()
-    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+    out: dict[int, set[str]] = {}
+    for rowid, term in rows:
+        out.setdefault(rowid, set()).add(term)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 def forget_index(path: Path) -> None:
@@ -76,12 +79,7 @@ async def test_the_migration_indexes_an_existing_database_like_the_writer_does(t
     store = SqliteStore(path)
     await store.open()
     try:
-        backfilled = fts_rows(path)
-        assert {k: (v[0], v[2]) for k, v in backfilled.items()} == {
-            k: (v[0], v[2]) for k, v in written.items()
-        }
-        for key, (_, body, _) in written.items():
-            assert backfilled[key][1].split() == body.split()
+        assert fts_rows(path) == written
         hits = await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=3)
         assert [h.position for h in hits] == [2]
     finally:
@@ -154,52 +152,112 @@ async def test_a_query_of_common_words_only_ranks_by_the_rarest_every_time(tmp_p
         assert first == second and len(first) == 3
 
 
-async def test_the_index_keeps_no_copy_of_the_text_and_a_version_6_database_migrates(
-    tmp_path: Path,
-):
-    """Migration 7: the same rows, found and deleted as before, without a content table."""
-    path = tmp_path / "v6.sqlite"
-    store = SqliteStore(path)
-    await store.open()
-    await store.record_exchange(ALICE, conversation(), None, req())
-    await store.close()
-    written = fts_rows(path)
-    # Back to version 6: the index with its own copy of the text (as migration 5 made it).
+def downgrade(path: Path, version: int) -> None:
+    """Make the database one of schema ``version`` (6 or 7): the index as it was then."""
     con = sqlite3.connect(path)
     try:
+        items = con.execute("SELECT id, session_id, pos, message_json FROM items").fetchall()
         con.execute("DROP TRIGGER items_fts_delete")
         con.execute("DROP TABLE items_fts")
         con.execute("DROP VIEW items_fts_source")
-        con.execute(
-            "CREATE VIRTUAL TABLE items_fts USING fts5"
-            " (scope, body, pos UNINDEXED, tokenize = 'porter unicode61')"
-        )
-        con.executemany(
-            "INSERT INTO items_fts (rowid, scope, body, pos) VALUES (?, ?, ?, ?)",
-            [(k, *v) for k, v in written.items()],
-        )
-        con.execute(
-            "CREATE TRIGGER items_fts_delete AFTER DELETE ON items BEGIN"
-            " DELETE FROM items_fts WHERE rowid = old.id; END"
-        )
-        con.execute("ALTER TABLE items DROP COLUMN pos")
-        con.execute("DELETE FROM schema_migrations WHERE version >= 7")
+        if version == 7:
+            for statement in split_statements(MIGRATIONS[6]):
+                if statement.startswith(("CREATE", "INSERT")):
+                    con.execute(statement)
+        else:  # 6: its own copy of the text (as migration 5 made it)
+            con.execute(
+                "CREATE VIRTUAL TABLE items_fts USING fts5"
+                " (scope, body, pos UNINDEXED, tokenize = 'porter unicode61')"
+            )
+            con.executemany(
+                "INSERT INTO items_fts (rowid, scope, body, pos) VALUES (?, ?, ?, ?)",
+                [
+                    (k, f"s{sid}", search_text(orjson.loads(m)), pos)
+                    for k, sid, pos, m in items
+                    if search_text(orjson.loads(m))
+                ],
+            )
+            con.execute(
+                "CREATE TRIGGER items_fts_delete AFTER DELETE ON items BEGIN"
+                " DELETE FROM items_fts WHERE rowid = old.id; END"
+            )
+            con.execute("ALTER TABLE items DROP COLUMN pos")
+        con.execute("DELETE FROM schema_migrations WHERE version > ?", (version,))
         con.commit()
     finally:
         con.close()
+
+
+def old_match(path: Path, scope: str, word: str) -> list[int]:
+    """Rowids a version 6 or 7 index finds for ``word`` in session ``scope``."""
+    con = sqlite3.connect(path)
+    try:
+        query = f"scope : {scope} AND body : {word}"
+        return [
+            r[0]
+            for r in con.execute("SELECT rowid FROM items_fts WHERE items_fts MATCH ?", (query,))
+        ]
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("version", [6, 7])
+async def test_a_version_6_or_7_database_migrates_to_the_same_index_the_writer_makes(
+    tmp_path: Path, version: int
+):
+    """Migrations 7 and 8: the same rows, found and deleted as before, without a copy of the text."""
+    path = tmp_path / "old.sqlite"
+    store = SqliteStore(path)
+    await store.open()
+    other = SessionRef("tenant-b", ALICE.key)
+    await store.record_exchange(ALICE, conversation(), None, req())
+    await store.record_exchange(
+        other, conversation(["Lyon? No: Paris.", "Noted"]), None, req("tenant-b")
+    )
+    await store.close()
+    written = fts_rows(path)
+    downgrade(path, version)
+    assert old_match(path, "s1", "lyon") == [3]
 
     store = SqliteStore(path)
     await store.open()
     try:
         assert fts_rows(path) == written
-        hits = await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=3)
-        assert [h.position for h in hits] == [2]
+        index = SqliteRecallIndex(store.fetch)
+        assert [h.position for h in await index.search(ALICE, ["lyon"], limit=3)] == [2]
+        assert [h.position for h in await index.search(other, ["lyon"], limit=3)] == [0]
         con = sqlite3.connect(path)
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
         con.close()
         assert "items_fts_content" not in tables  # no second copy of every message's text
         await store.delete_session(ALICE)
-        assert fts_rows(path) == {}
+        assert {rowid for rowid in fts_rows(path)} == {9, 10}  # the other tenant's two
         assert await SqliteRecallIndex(store.fetch).search(ALICE, ["lyon"], limit=3) == []
+        await store.delete_session(other)
+        assert fts_rows(path) == {}
     finally:
         await store.close()
+
+
+async def test_every_word_is_in_its_sessions_namespace_whatever_the_text_spells(tmp_path: Path):
+    # A text may spell another session's prefix: "_" is a separator, so it is not one.
+    async with opened(tmp_path) as store:
+        other = SessionRef("tenant-b", ALICE.key)
+        await store.record_exchange(ALICE, conversation(["hello there"]), None, req())
+        spelled = ["s1_lyon s1_ 'quoted' snake_case «Lyon»—Paris…", "ok"]
+        await store.record_exchange(other, conversation(spelled), None, req("tenant-b"))
+        rows = fts_rows(tmp_path / "s.sqlite")
+        assert rows[2] == {"s2_", "s2_s1", "s2_lyon", "s2_quot", "s2_snake", "s2_case", "s2_pari"}
+        index = SqliteRecallIndex(store.fetch)
+        assert await index.search(ALICE, ["lyon"], limit=3) == []
+        assert [h.position for h in await index.search(other, ["snake_case"], limit=3)] == [0]
+        assert [h.position for h in await index.search(other, ["Paris"], limit=3)] == [0]
+
+
+def test_a_query_term_is_looked_up_as_the_words_the_tokenizer_makes_of_it():
+    assert words("snake_case") == ("snake", "case")
+    assert words('lyon"') == ("lyon",)
+    assert words("NEAR(") == ("near",)
+    assert words("*") == ()
+    assert words("Café") == ("cafe",)
+    assert words("京都") == ("京都",)

@@ -338,12 +338,27 @@ async def test_summaries_are_read_once_per_session_until_a_write_changes_them(
     assert await store.summaries_for(ALICE, paths) == []
     assert await store.summaries_for(ALICE, paths) == []
     first = len(reads)  # none found is remembered too: no read for a request needing none
+    # A summary saved is added to what the memo holds: found, without reading again.
     saved = await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
     assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
-    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [saved.id]
-    assert len(reads) == 2 * first
+    later = await store.save_summary(ALICE, [SYSTEM, U1, A1], SummaryIn(text="and more"))
+    again = await store.save_summary(ALICE, [SYSTEM, U1, A1], SummaryIn(text="the same range"))
+    assert again.id == later.id  # the range's first summary stays
+    assert [s.id for s in await store.summaries_for(ALICE, paths)] == [later.id, saved.id]
+    assert len(reads) == first
+    assert [s.id for s in await store.summaries(ALICE)] == [saved.id, later.id]
     assert await store.delete_session(ALICE)
     assert await store.summaries_for(ALICE, paths) == []
+
+
+async def delete_elsewhere(db_path: Path) -> None:
+    """ALICE deleted by another process (`python -m proxy sessions delete` while the proxy runs)."""
+    other = SqliteStore(db_path)
+    await other.open()
+    try:
+        assert await other.delete_session(ALICE)
+    finally:
+        await other.close()
 
 
 async def test_a_session_another_process_deleted_loses_its_memoized_summaries_at_the_next_write(
@@ -353,15 +368,45 @@ async def test_a_session_another_process_deleted_loses_its_memoized_summaries_at
     paths = chain_path_hashes([SYSTEM.content_hash, U1.content_hash, A1.content_hash])
     await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
     assert len(await store.summaries_for(ALICE, paths)) == 1
-    other = SqliteStore(db_path)  # `python -m proxy sessions delete` while the proxy runs
-    await other.open()
-    try:
-        assert await other.delete_session(ALICE)
-    finally:
-        await other.close()
+    await delete_elsewhere(db_path)
     # The session made again by the next exchange: another id, so the memo is dropped.
     await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
     assert await store.summaries_for(ALICE, paths) == []
+
+
+async def test_the_items_version_moves_only_when_a_write_may_change_the_sessions_items(
+    store: SqliteStore, db_path: Path
+) -> None:
+    # Unknown before this process saw an exchange of it: nothing may be memoized.
+    assert store.items_version(ALICE) is None
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    first = store.items_version(ALICE)
+    assert first is not None
+    # The same history resent, with the same reply: no new item, the same version.
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    await store.record_exchange(ALICE, [SYSTEM], None, req())
+    assert store.items_version(ALICE) == first
+    # A new message, a new reply: each a new version, never one seen before.
+    await store.record_exchange(ALICE, [SYSTEM, U1, A1, U2], None, req())
+    second = store.items_version(ALICE)
+    assert second not in (None, first)
+    await store.record_exchange(ALICE, [SYSTEM, U1, A1, U2], msg("assistant", "sunny"), req())
+    third = store.items_version(ALICE)
+    assert third not in (None, first, second)
+    # A summary stores the items it covers; a delete removes them.
+    await store.save_summary(ALICE, [SYSTEM, U1], SummaryIn(text="greeting"))
+    assert store.items_version(ALICE) is None
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    fourth = store.items_version(ALICE)
+    assert fourth not in (None, first, second, third)
+    assert await store.delete_session(ALICE)
+    assert store.items_version(ALICE) is None
+    # Deleted by another process: the next exchange is to another session id.
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    fifth = store.items_version(ALICE)
+    await delete_elsewhere(db_path)
+    await store.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    assert store.items_version(ALICE) not in (None, first, second, third, fourth, fifth)
 
 
 async def test_a_summary_read_overtaken_by_a_write_is_not_remembered(
