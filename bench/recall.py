@@ -27,7 +27,7 @@ schema of its own, dropped after). ``redis-latency``: on the Redis store
 (``CTXPROXY_BENCH_REDIS``, default ``redis://127.0.0.1:6379/0``, under a key
 prefix of its own, deleted after); its sessions are stored 20 messages an
 exchange, as a conversation grows (one 10,000-message write would hold the
-server for seconds: each word's postings are one string, copied per append). ``embeddings``: semantic recall's rows,
+server for seconds: a script stores it whole). ``embeddings``: semantic recall's rows,
 fusion-weight sweep and cost (bench/recall_embeddings.py).
 """
 

@@ -12,12 +12,13 @@ import functools
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from policies.types import Decision, SummarizeSpec
 from proxy.chat.cache_step import CacheHints, cache_hints, measure_stable_prefix
@@ -29,6 +30,7 @@ from proxy.context.recall import RecallOutcome
 from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.client_keys import request_tenant
 from proxy.http.sessions import (
@@ -48,7 +50,7 @@ from proxy.http.shape import (
 from proxy.runtime import Runtime
 from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef, StoredItem
 from proxy.telemetry.cache_usage import cache_usage
-from proxy.telemetry.logging import get_logger
+from proxy.telemetry.logging import get_logger, log_line
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
 from proxy.upstream.cache_hints import splice_field
 
@@ -112,6 +114,8 @@ class ChatExchange:
         self.stable_prefix: int | None = None
         # The prompt-cache hints sent upstream (prompt_cache_key, breakpoints).
         self.cache: CacheHints | None = None
+        # What is left to do once the answer is sent (see ``sent``).
+        self.after: Callable[[], object] | None = None
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -126,6 +130,12 @@ class ChatExchange:
             self._unlock()
             self.rt.release()
             raise
+
+    def sent(self) -> None:
+        """The answer was sent (or its sending ended): record the exchange, if that waited."""
+        after, self.after = self.after, None
+        if after is not None:
+            after()
 
     async def _run(self) -> Response:
         self.raw = await read_body(
@@ -206,6 +216,9 @@ class ChatExchange:
                 self.conversation = [self.conversation[i] for i in keep]
                 self.hashes = [self.hashes[i] for i in keep]
                 counts = [counts[i] for i in keep]
+        else:
+            # Nothing to store: only the counts (each message hashed for the count cache).
+            counts = counter.count_all(self.conversation)
         choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
         self.mode_rule = mode_rule(self.route, choice)
@@ -323,7 +336,8 @@ class ChatExchange:
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
-        future = self._finish(
+        finish = functools.partial(
+            self._finish,
             response.status,
             reply,
             usage=usage,
@@ -331,9 +345,13 @@ class ChatExchange:
             error=invalid,
             failed=invalid is not None,
         )
-        if future is not None and self._durable():
+        if self._durable():
             # The next request replays this one: committed before the client has it.
-            await self._committed(future)
+            await self._committed(finish())
+        else:
+            # The row, the log line and the metrics once the answer is on its way: not
+            # between the upstream's last byte and the client's (see ``sent``).
+            self.after = finish
         return out
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
@@ -678,40 +696,55 @@ class ChatExchange:
 
     def _log(self, r: RequestRecord) -> None:
         # A 5xx is the proxy's or the upstream's failure: warning, so alerts can key on level.
-        (log.warning if r.status >= 500 else log.info)(
+        log_line(
+            "warning" if r.status >= 500 else "info",
             "request_completed",
-            request_id=r.id,
-            session=r.session_key,
-            tenant=r.tenant,
-            route=r.route,
-            policy=r.policy,
-            mode=r.mode,
-            model=r.model,
-            stream=r.stream,
-            status=r.status,
-            upstream_status=r.upstream_status,
-            messages_before=r.messages_before,
-            messages_after=r.messages_after,
-            tokens_before=r.tokens_before,
-            tokens_after=r.tokens_after,
-            turns_dropped=r.turns_dropped,
-            messages_dropped=r.messages_dropped,
-            reason=r.reason,
-            summary_used=self.summary.status if self.summary else None,
-            fallback=r.detail.get("fallback"),
-            **(recall_log_fields(self.recall) if self.recall is not None else {}),
-            incomplete=r.incomplete,
-            stable_prefix=r.stable_prefix,
-            upstream_prompt_tokens=r.upstream_prompt_tokens,
-            cached_tokens=r.cached_tokens,
-            cache_write_tokens=r.cache_write_tokens,
-            error=r.error,
-            upstream_ms=round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
-            total_ms=round(r.total_ms or 0.0, 2),
+            {
+                "request_id": r.id,
+                "session": r.session_key,
+                "tenant": r.tenant,
+                "route": r.route,
+                "policy": r.policy,
+                "mode": r.mode,
+                "model": r.model,
+                "stream": r.stream,
+                "status": r.status,
+                "upstream_status": r.upstream_status,
+                "messages_before": r.messages_before,
+                "messages_after": r.messages_after,
+                "tokens_before": r.tokens_before,
+                "tokens_after": r.tokens_after,
+                "turns_dropped": r.turns_dropped,
+                "messages_dropped": r.messages_dropped,
+                "reason": r.reason,
+                "summary_used": self.summary.status if self.summary else None,
+                "fallback": r.detail.get("fallback"),
+                **(recall_log_fields(self.recall) if self.recall is not None else {}),
+                "incomplete": r.incomplete,
+                "stable_prefix": r.stable_prefix,
+                "upstream_prompt_tokens": r.upstream_prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+                "cache_write_tokens": r.cache_write_tokens,
+                "error": r.error,
+                "upstream_ms": round(r.upstream_ms, 2) if r.upstream_ms is not None else None,
+                "total_ms": round(r.total_ms or 0.0, 2),
+            },
         )
 
 
-async def chat_completions(request: Request) -> Response:
-    rt: Runtime = request.app.state.runtime
-    # Pinned: a config reload mid-request must not change this request's route or policy.
-    return await ChatExchange(rt.pin(), request).run()
+class ChatCompletions:
+    """The endpoint, a raw ASGI app (Starlette mounts it as a route): the answer is sent
+    without Starlette's Response machinery (proxy/http/asgi.py), then recorded."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt: Runtime = scope["app"].state.runtime
+        # Pinned: a config reload mid-request must not change this request's route or policy.
+        exchange = ChatExchange(rt.pin(), Request(scope, receive, send))
+        response = await exchange.run()
+        try:
+            await respond(response, receive, send)
+        finally:
+            exchange.sent()
+
+
+chat_completions = ChatCompletions()

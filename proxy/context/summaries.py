@@ -227,7 +227,7 @@ class SummaryService:
             return SummaryOutcome(backup, "fallback", fallback=reason, wait_ms=wait_ms)
         state = _state(result, task.end)
         try:
-            decision = assemble(ctx.messages, ctx.spec, ctx.count, ctx.budget, state)
+            decision = assemble(ctx.messages, ctx.spec, ctx.count, ctx.budget, state, ctx.sizes)
         except ContextTooLong:
             # The summary itself does not fit the budget: trimming alone does.
             return SummaryOutcome(backup, "fallback", fallback="summary_too_long", wait_ms=wait_ms)

@@ -239,6 +239,14 @@ def long_texts(messages: Iterable[Mapping[str, Any]]) -> Iterable[str]:
 
 
 def _key(value: object, kind: bytes = b"") -> tuple[int, int]:
+    if not kind and type(value) is dict:
+        for item in value.values():
+            if item is not None and type(item) is not str:
+                break
+        else:
+            # A message of strings (most are): its items hashed, in key order as the
+            # JSON below is, none written (-1: never a length, so never such a key).
+            return -1, hash(tuple(sorted(value.items())))
     try:
         data = kind + orjson.dumps(value, option=_SORTED, default=_jsonable)
     except TypeError:  # orjson's JSONEncodeError: e.g. an integer over 64 bits
@@ -282,6 +290,19 @@ class TiktokenCounter:
 
     def count_messages(self, messages: Iterable[Mapping[str, Any]]) -> int:
         return sum(self.count_message(m) for m in messages)
+
+    def count_all(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Each message's :meth:`count_message`, in one pass (a request's messages)."""
+        get, put = self._cache.get, self._cache.put
+        counts: list[int] = []
+        for message in messages:
+            key = _key(message)
+            raw = get(key)
+            if raw is None:
+                raw = self._message_tokens(message)
+                put(key, raw)
+            counts.append(raw)
+        return counts if self.scale == 1.0 else [self._scaled(raw) for raw in counts]
 
     def cached_count(self, key: Hashable) -> int | None:
         raw = self._cache.get(key)

@@ -133,6 +133,8 @@ def check_chat(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 def check_chat_message(message: dict[str, Any], index: int) -> None:
     """One message of ``messages`` (at ``index``): what :func:`check_chat` checks of each,
     and its depth when the body was parsed with ``deferred="messages"``."""
+    if _plain(message):
+        return  # nothing nested: no depth to walk
     check_element_depth(message)
     _message(message, index)
 
@@ -164,17 +166,23 @@ def check_chat_envelope(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 _PLAIN_KEYS = frozenset({"role", "content", "name"})
 
 
-def _message(message: dict[str, Any], where: str | int) -> None:
-    """``where``: the message's name in errors (an int: its index in ``messages``)."""
+def _plain(message: dict[str, Any]) -> bool:
+    """A message with only ``_PLAIN_KEYS``, a known role and text: valid, and one level deep."""
     if message.keys() <= _PLAIN_KEYS:
         role, content, name = message.get("role"), message.get("content"), message.get("name")
-        if (
+        return (
             type(role) is str
             and role in ROLES
             and (content is None or type(content) is str)
             and (name is None or type(name) is str)
-        ):
-            return
+        )
+    return False
+
+
+def _message(message: dict[str, Any], where: str | int) -> None:
+    """``where``: the message's name in errors (an int: its index in ``messages``)."""
+    if _plain(message):
+        return
     at = f"messages[{where}]" if isinstance(where, int) else where
     role = message.get("role")
     if not isinstance(role, str) or role not in ROLES:

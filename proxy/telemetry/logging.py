@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -71,23 +72,83 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         if json_output
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    processors = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _redact,
+        renderer,
+    ]
+    min_level = logging.getLevelNamesMapping()[level.upper()]
+    wrapper = structlog.make_filtering_bound_logger(min_level)
+    # One shared PrintLogger: the factory runs on every log call (loggers are not
+    # cached, so tests can capture them), and building one each time is waste.
+    printer = structlog.PrintLogger(file=sys.stdout)
+    factory = _shared_logger(printer)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _redact,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        # One shared PrintLogger: the factory runs on every log call (loggers are not
-        # cached, so tests can capture them), and building one each time is waste.
-        logger_factory=_shared_logger(structlog.PrintLogger(file=sys.stdout)),
+        processors=processors,
+        wrapper_class=wrapper,
+        logger_factory=factory,
         cache_logger_on_first_use=False,
     )
+    _DIRECT.clear()
+    if json_output:
+        _DIRECT.update(
+            processors=list(processors),
+            wrapper=wrapper,
+            factory=factory,
+            printer=printer,
+            renderer=renderer,
+            min_level=min_level,
+        )
     _route_stdlib_logging(level, renderer)
+
+
+# configure_logging's JSON set-up, for the lines log_line writes itself.
+_DIRECT: dict[str, Any] = {}
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+def log_line(level: str, event: str, fields: dict[str, Any]) -> None:
+    """``get_logger().<level>(event, **fields)``: the same line, with the same processors,
+    but without structlog's per-call machinery (a bound logger built per call, the
+    fields copied twice): the ``request_completed`` line, once per request (issue 16).
+
+    Only while the configuration is still configure_logging's JSON one; otherwise
+    (tests capturing logs, a console) the line goes through structlog. ``fields``
+    is consumed (it becomes the line's event dict).
+    """
+    direct = _DIRECT
+    config = structlog.get_config()
+    if (
+        not direct
+        or config["logger_factory"] is not direct["factory"]
+        or config["wrapper_class"] is not direct["wrapper"]
+        or config["processors"] != direct["processors"]
+    ):
+        getattr(get_logger(), level)(event, **fields)
+        return
+    if _LEVELS[level] < direct["min_level"]:
+        return
+    fields["event"] = event
+    structlog.contextvars.merge_contextvars(None, level, fields)
+    fields["level"] = level
+    fields["timestamp"] = _timestamp()
+    _redact(None, level, fields)
+    direct["printer"].msg(direct["renderer"](None, level, fields))
+
+
+# The current second's "YYYY-MM-DDTHH:MM:SS", rendered once a second.
+_second: list[Any] = [-1, ""]
+
+
+def _timestamp() -> str:
+    """Now, as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it (microseconds
+    left out when they are 0, as ``datetime.isoformat`` does)."""
+    second, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    if second != _second[0]:
+        _second[0], _second[1] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{_second[1]}.{micros:06d}Z" if micros else f"{_second[1]}Z"
 
 
 def _route_stdlib_logging(level: str, renderer: Any) -> None:

@@ -115,6 +115,7 @@ def test_the_log_line_carries_the_cache_figures(cached, start_proxy, capsys):
     second = c.chat.completions.create(
         model="gpt-4o", messages=[*messages, {"role": "assistant", "content": "echo: hi"}]
     )
+    proxy.drain()  # the line is written once the answer is sent
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "request_completed" in line]
     assert f"cached_tokens={reported(second)}" in lines[-1]

@@ -129,6 +129,23 @@ def test_an_unchanged_message_is_never_tokenized_twice() -> None:
     assert len(encoder.calls) == 6
 
 
+def test_count_all_counts_each_message_as_count_message_does() -> None:
+    encoder = CountingEncoder()
+    counter = TiktokenCounter("gpt-4o", encoding=encoder)
+    plain = {"role": "user", "content": "plain words"}
+    parts = {"role": "user", "content": [{"type": "text", "text": "plain words"}]}
+    empty = {"role": "assistant", "content": None, "refusal": "no"}
+    numbered = {"role": "user", "content": "plain words", "n": 1}
+    messages = [plain, parts, empty, numbered, {"content": "plain words", "role": "user"}]
+    fresh = TiktokenCounter("gpt-4o", encoding=CountingEncoder())
+    assert counter.count_all(messages) == [fresh.count_message(m) for m in messages]
+    # Each tokenized once (the reordered copy of the first is a cache hit), and the
+    # message of strings is not taken for the one with a number or with parts.
+    assert len(encoder.calls) == 8
+    counter.scale = 1.5
+    assert counter.count_all([plain]) == [math.ceil(counter.raw_message(plain) * 1.5)]
+
+
 def test_scale_multiplies_counts_rounding_up_and_keeps_raw_cached() -> None:
     encoder = CountingEncoder()
     counter = TiktokenCounter("gpt-4o", encoding=encoder)
