@@ -22,7 +22,7 @@ from proxy.store.vectors import VectorIndex
 def recall_index_for(store: Store) -> RecallIndex | None:
     """The store's recall index; None for a backend without one (recall is then off)."""
     if isinstance(store, SqliteStore):
-        return SqliteRecallIndex(store.fetch)
+        return SqliteRecallIndex(store.fetch_short)
     if isinstance(store, MemoryStore):
         return MemoryRecallIndex(store)
     from proxy.store.postgres import PostgresStore

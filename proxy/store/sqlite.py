@@ -3,7 +3,9 @@
 Each exchange is one atomic job (its own savepoint inside the writer's
 transaction; see proxy/store/writer.py). Writers in other processes are
 serialised by SQLite itself (``BEGIN IMMEDIATE`` plus a busy timeout). Reads
-see only committed data, so they never observe half an exchange.
+see only committed data, so they never observe half an exchange. The recall
+index's short statements read on the event loop's thread (a connection of
+their own, never waiting for a lock: :meth:`SqliteStore.fetch_short`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class SqliteStore:
         self._busy_timeout_ms = int(busy_timeout * 1000)
         self._db: aiosqlite.Connection | None = None
         self._writer: SqliteWriter | None = None
+        # Short reads on the event loop's own thread (fetch_short).
+        self._inline: sqlite3.Connection | None = None
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +131,7 @@ class SqliteStore:
             await db.close()
             raise
         self._db, self._writer = db, writer
+        self._inline = _inline_reader(self.path)
 
     async def open_read_only(self) -> None:
         """Open for reading only (the CLI's read commands): never creates, migrates or writes.
@@ -164,6 +169,9 @@ class SqliteStore:
             # Writes whose callers were cancelled finish first; their callers saw any error.
             writer, self._writer = self._writer, None
             await writer.close()
+        if self._inline is not None:
+            inline, self._inline = self._inline, None
+            inline.close()
         if self._db is not None:
             db, self._db = self._db, None
             await db.close()
@@ -267,8 +275,26 @@ class SqliteStore:
         return list(await self._conn.execute_fetchall(query, params))
 
     async def fetch(self, query: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
-        """One read on the store's connection (the recall index's queries)."""
+        """One read on the store's connection (the vector index's)."""
         return await self._fetch(query, params)
+
+    async def fetch_short(self, query: str, params: tuple[Any, ...]) -> list[Any]:
+        """One short read (the recall index's statements, a fraction of a millisecond)
+        on the event loop's thread: no hop to the read thread and back, and no wait
+        behind the reads queued there. Rows are plain tuples.
+
+        The connection never waits for a lock (``busy_timeout`` 0; in WAL mode a
+        reader hardly ever meets one): a busy or locked database sends the read
+        to the read thread instead, as does a store opened read-only.
+        """
+        inline = self._inline
+        if inline is not None:
+            try:
+                return inline.execute(query, params).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
+        return list(await self._fetch(query, params))
 
     def items_version(self, session: SessionRef) -> int | None:
         """The version of the session's stored items (proxy/store/item_versions.py)."""
@@ -457,3 +483,19 @@ class SqliteStore:
 
 _item = item_from_row
 _request = request_from_row
+
+
+def _inline_reader(path: Path) -> sqlite3.Connection:
+    """A read-only connection for :meth:`SqliteStore.fetch_short`: autocommit (each
+    statement its own snapshot, ended when its rows are fetched), never waiting."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 0")
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)

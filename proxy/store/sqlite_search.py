@@ -136,7 +136,7 @@ class SqliteRecallIndex(Bm25Index):
 
     def __init__(self, fetch: Callable[[str, tuple[Any, ...]], Any]) -> None:
         super().__init__()
-        # SqliteStore._fetch: a query on the store's aiosqlite connection.
+        # SqliteStore.fetch_short: a short read on the event loop's thread.
         self._fetch = fetch
 
     def _words(self, term: str) -> Sequence[str]:

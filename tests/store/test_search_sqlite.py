@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -261,3 +263,45 @@ def test_a_query_term_is_looked_up_as_the_words_the_tokenizer_makes_of_it():
     assert words("*") == ()
     assert words("Café") == ("cafe",)
     assert words("京都") == ("京都",)
+
+
+async def test_a_recall_search_does_not_wait_behind_the_read_threads_queue(tmp_path: Path):
+    # The index's statements are short: they run on the event loop's thread, so a
+    # slow read queued on the store's read thread does not hold recall up; the hits
+    # are those the read thread gives.
+    async with opened(tmp_path) as store:
+        await store.record_exchange(ALICE, conversation(), None, req())
+        release = threading.Event()
+        await store._conn.create_function("held", 0, lambda: release.wait(10) and 1)
+        slow = asyncio.ensure_future(store.fetch("SELECT held()", ()))
+        await asyncio.sleep(0.05)  # the read thread is now inside held()
+        try:
+            hits = await asyncio.wait_for(
+                SqliteRecallIndex(store.fetch_short).search(ALICE, ["lyon"], limit=5), 2
+            )
+            assert not slow.done()
+        finally:
+            release.set()
+            await slow
+        assert hits and hits == await SqliteRecallIndex(store.fetch).search(
+            ALICE, ["lyon"], limit=5
+        )
+
+
+class _Busy:
+    """A connection whose every statement finds the database locked."""
+
+    def execute(self, query: str, params: tuple[Any, ...]) -> Any:
+        raise sqlite3.OperationalError("database is locked")
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_short_read_that_finds_the_database_busy_goes_to_the_read_thread(tmp_path: Path):
+    # The loop's reader never waits for a lock: busy, the read is the read thread's.
+    async with opened(tmp_path) as store:
+        await store.record_exchange(ALICE, conversation(), None, req())
+        store._inline = _Busy()  # type: ignore[assignment]
+        rows = await store.fetch_short("SELECT count(*) FROM sessions", ())
+        assert [tuple(r) for r in rows] == [(1,)]
