@@ -8,7 +8,8 @@ newest user message after it. At 10% and 25% of the full history's tokens:
 - ``window``: a sliding window (``strategy: trim``) of that many tokens;
 - ``recall sN``: the same budget, ``recall: {share: N}``: the window gets
   (1-N) of it, recall the rest, through the proxy's own recall step
-  (proxy/context/recall.py: query terms, the FTS5 index, policies/recall.py).
+  (proxy/context/recall.py: query terms, the FTS5 index, policies/recall.py);
+  ``recall sN expand``: with ``expand: true``.
 
 A question counts when every one of its evidence turns reaches the upstream
 (kept in the window or quoted in the recall block). Then the time the recall
@@ -26,7 +27,7 @@ schema of its own, dropped after). ``redis-latency``: on the Redis store
 (``CTXPROXY_BENCH_REDIS``, default ``redis://127.0.0.1:6379/0``, under a key
 prefix of its own, deleted after); its sessions are stored 20 messages an
 exchange, as a conversation grows (one 10,000-message write would hold the
-server for seconds: each word's postings are one string, copied per append). ``embeddings``: semantic recall's rows,
+server for seconds: a script stores it whole). ``embeddings``: semantic recall's rows,
 fusion-weight sweep and cost (bench/recall_embeddings.py).
 """
 
@@ -79,6 +80,8 @@ if not DATA.exists():
     DATA = Path("/work/shared/data/locomo-dev.json")
 FRACTIONS = (0.10, 0.25)
 SHARES = (0.5, 0.7, 0.8, 0.9)
+# The same with ``expand: true`` (a second search with the best hits' words).
+EXPAND = (0.8, 0.9)
 NEIGHBORS = 2
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 MODEL = "gpt-4o"
@@ -233,8 +236,9 @@ async def retention(
             label = f"{int(fraction * 100)}%"
             window = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit))
             _add(rows, f"window {label}", q.category, retained(window, (), q.evidence), window)
-            for share in SHARES:
-                spec = RecallSpec(share=share, neighbors=NEIGHBORS)
+            runs = [(share, False) for share in SHARES] + [(share, True) for share in EXPAND]
+            for share, expand in runs:
+                spec = RecallSpec(share=share, neighbors=NEIGHBORS, expand=expand)
                 held = reserve(spec, limit)
                 base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
                 decision, outcome = await service.apply(
@@ -254,7 +258,8 @@ async def retention(
                     exact = counter_for(MODEL).count_message(decision.messages[at])
                     BLOCK_COUNTS.append((exact, outcome.recalled.tokens))
                 ok = retained(base, outcome.recalled.spans, q.evidence)
-                _add(rows, f"recall s{share} {label}", q.category, ok, decision)
+                name = f"recall s{share} expand" if expand else f"recall s{share}"
+                _add(rows, f"{name} {label}", q.category, ok, decision)
     return rows
 
 

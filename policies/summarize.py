@@ -204,9 +204,11 @@ def assemble(
     count: CountFn,
     budget: Budget,
     state: SummaryState,
+    sizes: Sequence[int] | None = None,
 ) -> Decision:
-    """The view with ``state`` (a summary just made for a task of this conversation)."""
-    shape = _shape(messages, count, budget.fixed)
+    """The view with ``state`` (a summary just made for a task of this conversation);
+    ``sizes`` as for :func:`plan`."""
+    shape = _shape(messages, count, budget.fixed, sizes)
     limit = budget.limit if budget.limit is not None else limit_of(spec)
     cut = _unit_at(shape, state.covers)
     if cut is None or state.start_unit != spec.keep_first_turns or cut <= state.start_unit:

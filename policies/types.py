@@ -58,6 +58,8 @@ class RecallSpec:
     candidates: int = 40
     # The semantic share of the fused score (policies/fusion.py); measured in bench/recall.py.
     semantic_weight: float = SEMANTIC_WEIGHT
+    # Lexical recall searches again with the words of its best hits (proxy/context/recall.py).
+    expand: bool = False
 
 
 @dataclass(frozen=True)

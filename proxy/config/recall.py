@@ -11,7 +11,7 @@ from proxy.config.node import Node
 from proxy.errors import ConfigError
 
 RECALL_KEYS = frozenset(
-    {"max_tokens", "share", "neighbors", "embeddings", "candidates", "semantic_weight"}
+    {"max_tokens", "share", "neighbors", "embeddings", "candidates", "semantic_weight", "expand"}
 )
 # none: lexical search only; wordllama: lexical and semantic (proxy/context/embedder.py).
 EMBEDDINGS = ("none", "wordllama")
@@ -55,7 +55,11 @@ def recall_spec(node: Node, *, has_budget: bool) -> RecallSpec | None:
         raise ConfigError(node.at("neighbors"), f"must be <= 5, got {neighbors}")
     if candidates > 500:
         raise ConfigError(node.at("candidates"), f"must be <= 500, got {candidates}")
+    expand = node.raw("expand")
+    if expand is not None and not isinstance(expand, bool):
+        raise ConfigError(node.at("expand"), f"must be true or false, got {expand!r}")
     return RecallSpec(
+        expand=bool(expand),
         max_tokens=max_tokens,
         share=share,
         neighbors=neighbors,

@@ -306,6 +306,9 @@ RECALL = obj(
             "wordllama",
         ),
         "candidates": integer("Hits the index is asked for.", 1, 500),
+        "expand": boolean(
+            "Lexical recall searches again with the words of its best hits (a second search)."
+        ),
         "semantic_weight": {
             "description": "The semantic share of the fused score (needs embeddings: wordllama).",
             "anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"$ref": "#/$defs/env"}],

@@ -10,6 +10,7 @@ turn costs nothing and rare words weigh most.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 MAX_TERMS = 24
 _WORD = re.compile(r"\w+")
@@ -48,3 +49,23 @@ def query_terms(
         keep = set(sorted(terms, key=len, reverse=True)[:max_terms])
         terms = [t for t in terms if t in keep]
     return terms
+
+
+def expansion_terms(
+    texts: Sequence[str],
+    query: Sequence[str],
+    exclude: frozenset[str] = frozenset(),
+    max_terms: int = MAX_TERMS,
+) -> list[str]:
+    """Words of the best hits' ``texts`` to search for again (pseudo-relevance
+    feedback): content words of three letters or more that are not the query's,
+    those in more of the texts first, then those of the better hit, then longer."""
+    asked = set(query)
+    seen: dict[str, list[int]] = {}
+    for rank, text in enumerate(texts):
+        for word in query_terms(text, max_terms=1 << 30, exclude=exclude):
+            if len(word) < 3 or word.isdigit() or word in asked:
+                continue
+            entry = seen.setdefault(word, [0, rank])
+            entry[0] += 1
+    return sorted(seen, key=lambda w: (-seen[w][0], seen[w][1], -len(w)))[:max_terms]

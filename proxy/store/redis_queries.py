@@ -210,6 +210,18 @@ local found, chosen = {}, {}
 local cap = math.max(50, 0.05 * total)
 for i = 6, #ARGV do
   local posting = redis.call('HGET', index, ARGV[i])
+  -- Its further chunks (proxy/store/redis_scripts.py, index_item).
+  local chunks = tonumber(redis.call('HGET', index, ARGV[i] .. '#n') or '0')
+  if chunks > 0 then
+    local fields = {}
+    for k = 1, chunks do fields[k] = ARGV[i] .. '#' .. k end
+    local parts = {posting or ''}
+    for _, part in ipairs(redis.call('HMGET', index, unpack(fields))) do
+      if part then parts[#parts + 1] = part end
+    end
+    posting = table.concat(parts)
+    if posting == '' then posting = nil end
+  end
   if posting then
     local _, n = string.gsub(posting, ';', ';')
     found[#found + 1] = {n, ARGV[i], posting}

@@ -18,6 +18,7 @@ session's name: tenant and key, length-prefixed so no key can forge another):
     P i:S      hash    item id -> the item as JSON (path hash, content hash,
                        role, tokens, status, created, message)
     P x:S      hash    word (stemmed) -> its postings: "item id,tf,length,position;"...
+                       (in chunks of 4 KB: word, word#1, word#2..., word#n their count)
                        (the recall index, when one is kept; s:S holds xn items indexed,
                        xl their length)
     P v:S      list    the items' vectors in the order written: "item id:position:
@@ -128,14 +129,27 @@ end
 
 -- A new item's words in the session's inverted index: one posting per word
 -- ("item id,term frequency,item length,position;"), appended in this same script.
+-- A word's postings are chunks of at most POSTINGS_CHUNK bytes: field ``word``,
+-- then ``word#1``, ``word#2``... (``word#n``: how many after the first), so an
+-- append copies one chunk, not every posting of a word the session says often.
+local POSTINGS_CHUNK = 4096
 local function index_item(sid, id, position, terms)
   if terms == '' then return end
   local length, words = string.match(terms, '^(%d+)(.*)$')
   local index = P .. 'x:' .. sid
   local entry = id .. ',%s,' .. length .. ',' .. position .. ';'
   for word, tf in string.gmatch(words, ' ([^ :]+):(%d+)') do
-    local posting = redis.call('HGET', index, word) or ''
-    redis.call('HSET', index, word, posting .. string.format(entry, tf))
+    local chunks = tonumber(redis.call('HGET', index, word .. '#n') or '0')
+    local field = word
+    if chunks > 0 then field = word .. '#' .. chunks end
+    local posting = redis.call('HGET', index, field) or ''
+    local add = string.format(entry, tf)
+    if #posting + #add > POSTINGS_CHUNK then
+      chunks = chunks + 1
+      field, posting = word .. '#' .. chunks, ''
+      redis.call('HSET', index, word .. '#n', chunks)
+    end
+    redis.call('HSET', index, field, posting .. add)
   end
   redis.call('HINCRBY', P .. 's:' .. sid, 'xn', 1)
   redis.call('HINCRBY', P .. 's:' .. sid, 'xl', length)

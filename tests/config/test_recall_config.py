@@ -26,11 +26,11 @@ def test_a_trim_policy_takes_a_recall_block():
         {
             "strategy": "trim",
             "max_tokens": 6000,
-            "recall": {"max_tokens": 2500, "neighbors": 2, "embeddings": "none"},
+            "recall": {"max_tokens": 2500, "neighbors": 3, "embeddings": "none", "expand": True},
         }
     ).policies["p"]
     assert isinstance(spec, TrimSpec)
-    assert spec.recall == RecallSpec(max_tokens=2500, neighbors=2)
+    assert spec.recall == RecallSpec(max_tokens=2500, neighbors=3, expand=True)
 
 
 def test_a_summarize_policy_takes_a_share_and_an_empty_block_defaults_to_a_share():
@@ -102,6 +102,10 @@ def test_no_recall_block_means_no_recall():
         (
             {"strategy": "trim", "max_tokens": 99, "recall": {"neighbors": 9}},
             "policies.p.recall.neighbors: must be <= 5, got 9",
+        ),
+        (
+            {"strategy": "trim", "max_tokens": 99, "recall": {"expand": "yes"}},
+            "policies.p.recall.expand: must be true or false, got 'yes'",
         ),
         (
             {"strategy": "none", "recall": {"max_tokens": 100}},

@@ -89,3 +89,22 @@ async def test_words_in_most_of_a_long_session_are_left_out_when_rarer_ones_are_
     index = RedisRecallIndex(a)
     assert [h.position for h in await index.search(ALICE, ["order", "lost"], limit=3)] == [120]
     assert len(await index.search(ALICE, ["order", "shipped"], limit=3)) == 3
+
+
+async def test_a_word_said_in_hundreds_of_items_is_indexed_in_chunks_all_of_them_read(
+    pair: tuple[RedisStore, RedisStore],
+) -> None:
+    # An append copies only the word's last chunk of postings; a search reads them all.
+    a, _ = pair
+    texts = [f"the order {i} is shipped" for i in range(400)]
+    history = [msg("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)]
+    for end in range(100, 401, 100):  # as a conversation grows, and at once
+        await a.record_exchange(ALICE, history[:end], None, req())
+    info = await a.get_session(ALICE)
+    assert info is not None
+    client = a._client
+    assert client is not None
+    chunks = await client.hget(f"{a.prefix}x:{info.id}", "order#n")
+    assert chunks is not None and int(chunks) >= 1
+    hits = await RedisRecallIndex(a).search(ALICE, ["order", "shipped"], limit=500)
+    assert sorted(h.position for h in hits) == list(range(400))
