@@ -1,4 +1,5 @@
-"""Each session's last summary plan, for the same request again (a resent history).
+"""Each session's last summary plan, for the same request again (a resent history),
+and stored summaries as plans take them.
 
 A summarize policy plans every request: the units and their costs, the best
 stored summary, the view and its trimming; after the answer, the plan for
@@ -18,16 +19,51 @@ recently used first out, bounded by sessions and by bytes.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from policies.facts import facts_from_json
 from policies.types import Budget, Decision, Message, SummarizeSpec, SummaryState
-from proxy.store.base import SessionRef
+from proxy.store.base import SessionRef, StoredSummary
 from proxy.store.sized import SizedLRU
 
 SESSIONS = 1024
 MAX_BYTES = 16 * 2**20
+# Stored summaries kept as plans take them (a summary and its facts each).
+STATES = 1024
+
+
+def summary_state(stored: StoredSummary, covers: int) -> SummaryState:
+    """A stored summary as a plan of a conversation takes it: ``covers`` its first messages."""
+    facts = facts_from_json(stored.facts)
+    return SummaryState(covers, stored.start_unit, stored.text, facts, stored.id)
+
+
+class StoredStates:
+    """Plan states of stored summaries, made once per (summary, position): a summary never
+    changes once stored, and the facts need not be parsed from JSON on every request."""
+
+    def __init__(self, max_entries: int = STATES) -> None:
+        self.max_entries = max_entries
+        self._seen: OrderedDict[tuple[int, int], SummaryState] = OrderedDict()
+
+    def states(self, stored: Sequence[StoredSummary], paths: Sequence[str]) -> list[SummaryState]:
+        """``stored`` (summaries covering a prefix of ``paths``) as plan states."""
+        if not stored:
+            return []
+        position = {h: i for i, h in enumerate(paths)}
+        return [self._state(s, position[s.covers_path_hash] + 1) for s in stored]
+
+    def _state(self, stored: StoredSummary, covers: int) -> SummaryState:
+        key = (stored.id, covers)
+        state = self._seen.get(key)
+        if state is None:
+            state = self._seen[key] = summary_state(stored, covers)
+            while len(self._seen) > self.max_entries:
+                self._seen.popitem(last=False)
+        return state
 
 
 def plan_key(

@@ -19,6 +19,11 @@ instance that finds it claimed waits for the summary to reach the store
 
 A summary is stored only after the summarizer answered; a failure leaves
 the store as it was, and the request is served by the trimming fallback.
+
+A request planned as the session's last one was takes that plan, and a
+prefetch that found nothing to make is not planned again
+(proxy/context/plan_memo.py); path hashes are kept per session
+(proxy/context/chain_paths.py).
 """
 
 from __future__ import annotations
@@ -27,12 +32,11 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.facts import facts_from_json, unsupported
+from policies.facts import unsupported
 from policies.summarize import assemble, plan, prefetch
 from policies.transcript import message_text, transcript
 from policies.types import (
@@ -50,7 +54,7 @@ from proxy.background import Background
 from proxy.config.model import UpstreamConfig
 from proxy.context.chain_paths import ChainPaths
 from proxy.context.circuit import Breaker
-from proxy.context.plan_memo import PlanMemo, PlannedView, plan_key
+from proxy.context.plan_memo import PlanMemo, PlannedView, StoredStates, plan_key, summary_state
 from proxy.context.summarizer import (
     EXTRACTIVE_MODEL,
     ExtractiveSummarizer,
@@ -138,8 +142,6 @@ class SummaryOutcome:
 
 
 _Key = tuple[SessionRef, int, str]
-# Stored summaries kept as plans take them (a summary and its facts each).
-STATES = 1024
 _Result = StoredSummary | SummaryFailed
 
 
@@ -165,8 +167,8 @@ class SummaryService:
         self.memo = PlanMemo()
         # Each session's last path hashes, for the prefix its next request resends.
         self.chains = ChainPaths()
-        # Stored summaries as plans take them: made once per (summary, position).
-        self._seen: OrderedDict[tuple[int, int], SummaryState] = OrderedDict()
+        # Stored summaries as plans take them.
+        self._stored = StoredStates()
 
     @property
     def inflight(self) -> int:
@@ -180,8 +182,12 @@ class SummaryService:
         """
         paths = ctx.paths
         states = await self._states(ctx.ref, paths) if ctx.ref and paths else []
-        key = self._key(ctx, paths, len(ctx.messages), states)
-        known = self.memo.view(ctx.ref, key) if ctx.ref is not None and key is not None else None
+        memo_key = self._key(ctx, paths, len(ctx.messages), states)
+        known = (
+            self.memo.view(ctx.ref, memo_key)
+            if ctx.ref is not None and memo_key is not None
+            else None
+        )
         if known is not None:
             if known.status == "reused":
                 self.metrics.count_summary("reused")
@@ -194,12 +200,12 @@ class SummaryService:
             else:
                 self.metrics.count_summary("reused")
                 outcome = SummaryOutcome(planned.decision, "reused", summary_id=planned.reused.id)
-            if ctx.ref is not None and key is not None:
+            if ctx.ref is not None and memo_key is not None:
                 view = PlannedView.of(
                     planned.decision, ctx.messages, outcome.status, outcome.summary_id
                 )
                 if view is not None:
-                    self.memo.remember_view(ctx.ref, key, view)
+                    self.memo.remember_view(ctx.ref, memo_key, view)
             return outcome
         task, backup = planned.task, planned.fallback
         assert task is not None and backup is not None  # a plan without a decision has both
@@ -225,7 +231,7 @@ class SummaryService:
         if isinstance(result, SummaryFailed):
             reason = f"summarizer_{result.reason}"
             return SummaryOutcome(backup, "fallback", fallback=reason, wait_ms=wait_ms)
-        state = _state(result, task.end)
+        state = summary_state(result, task.end)
         try:
             decision = assemble(ctx.messages, ctx.spec, ctx.count, ctx.budget, state, ctx.sizes)
         except ContextTooLong:
@@ -247,14 +253,14 @@ class SummaryService:
         known = ctx.paths or []
         paths = [*known, path_hash(known[-1] if known else None, reply_hash)]
         states = await self._states(ctx.ref, paths)
-        key = self._key(ctx, paths, len(messages), states)
-        if key is not None and self.memo.idle(ctx.ref, key):
+        memo_key = self._key(ctx, paths, len(messages), states)
+        if memo_key is not None and self.memo.idle(ctx.ref, memo_key):
             return  # planned before: nothing to make
         sizes = None if ctx.sizes is None else [*ctx.sizes, ctx.count(reply)]
         task = prefetch(messages, ctx.spec, ctx.count, ctx.budget, states, sizes)
         if task is None:
-            if key is not None:
-                self.memo.remember_idle(ctx.ref, key)
+            if memo_key is not None:
+                self.memo.remember_idle(ctx.ref, memo_key)
             return
         key = (ctx.ref, task.start_unit, paths[task.end - 1])
         if key not in self._inflight and self.breaker.allow(ctx.route):
@@ -271,21 +277,7 @@ class SummaryService:
         return plan_key(paths[-1], n, ctx.spec, ctx.budget, ctx.model, states)
 
     async def _states(self, ref: SessionRef, paths: Sequence[str]) -> list[SummaryState]:
-        stored = await self.store.summaries_for(ref, paths)
-        if not stored:
-            return []
-        position = {h: i for i, h in enumerate(paths)}
-        return [self._state(s, position[s.covers_path_hash] + 1) for s in stored]
-
-    def _state(self, stored: StoredSummary, covers: int) -> SummaryState:
-        """``_state``, once per summary and position (summaries never change once stored)."""
-        key = (stored.id, covers)
-        state = self._seen.get(key)
-        if state is None:
-            state = self._seen[key] = _state(stored, covers)
-            while len(self._seen) > STATES:
-                self._seen.popitem(last=False)
-        return state
+        return self._stored.states(await self.store.summaries_for(ref, paths), paths)
 
     def _start(
         self,
@@ -405,11 +397,6 @@ class SummaryService:
         ms = round((time.perf_counter() - started) * 1000, 2)
         log.warning("summary_failed", reason=exc.reason, detail=exc.detail, ms=ms, **fields)
         return exc
-
-
-def _state(stored: StoredSummary, covers: int) -> SummaryState:
-    facts = facts_from_json(stored.facts)
-    return SummaryState(covers, stored.start_unit, stored.text, facts, stored.id)
 
 
 def build_summarizer(

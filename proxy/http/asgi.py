@@ -13,9 +13,30 @@ Starlette's task group would, and the response ends without an error.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
+
+from proxy.errors import ProxyError
+from proxy.http.body import error_response
+
+
+class Endpoint:
+    """A Starlette endpoint (``request -> response``) as an ASGI app, answered with
+    :func:`respond`; a ProxyError it raises becomes its JSON error, as the app's handler
+    would make it."""
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            response = await self.handler(Request(scope, receive, send))
+        except ProxyError as error:
+            response = error_response(error)
+        await respond(response, receive, send)
 
 
 async def respond(response: Response, receive: Receive, send: Send) -> None:

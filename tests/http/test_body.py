@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 from starlette.requests import Request
 
-from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from proxy.http.body import read_body
 from tests.harness import query
 
@@ -67,6 +68,37 @@ async def test_a_client_gone_before_the_end_of_its_body_is_a_bad_request():
     r = request(chunk(b"{", True), {"type": "http.disconnect"})
     with pytest.raises(InvalidRequest, match="disconnected"):
         await read_body(r, 100)
+
+
+class Cycle:
+    """What read_body sees of uvicorn's request cycle: its receive, its message event."""
+
+    def __init__(self, *messages: dict[str, Any]) -> None:
+        self.messages = list(messages)
+        self.message_event = asyncio.Event()
+        if self.messages:
+            self.message_event.set()
+
+    async def receive(self) -> dict[str, Any]:
+        await self.message_event.wait()
+        return self.messages.pop(0)
+
+
+async def test_a_body_the_server_holds_already_is_read_without_a_deadline(monkeypatch):
+    def no_timer(delay: float) -> None:
+        raise AssertionError("a deadline was armed")
+
+    cycle = Cycle(chunk(b'{"a": 1}', False))
+    monkeypatch.setattr(asyncio, "timeout", no_timer)
+    r = Request({"type": "http", "method": "POST", "headers": [], "path": "/"}, cycle.receive)
+    assert await read_body(r, 100) == b'{"a": 1}'
+
+
+async def test_a_body_still_to_come_from_the_server_has_its_deadline():
+    cycle = Cycle()  # nothing arrived yet, nothing will
+    r = Request({"type": "http", "method": "POST", "headers": [], "path": "/"}, cycle.receive)
+    with pytest.raises(RequestTimeout):
+        await read_body(r, 100, idle_timeout_s=0.05)
 
 
 def test_a_repeated_session_header_is_read_from_its_first_occurrence(fake, start_proxy, tmp_path):
