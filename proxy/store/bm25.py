@@ -87,6 +87,21 @@ DETAILS = 50_000
 _NO_LIMIT = 1 << 62
 
 
+def _rough(
+    chosen: Sequence[str], idf: dict[str, float], matches: dict[str, list[int]]
+) -> dict[int, float]:
+    """Each matching item's BM25 score without length: its terms' weights summed,
+    in the order of ``chosen`` (so the same floats whichever way it is computed)."""
+    first, *others = chosen
+    rough = dict.fromkeys(matches[first], idf[first])  # 0.0 + w is w
+    get = rough.get
+    for t in others:
+        weight = idf[t]
+        for rowid in matches[t]:
+            rough[rowid] = get(rowid, 0.0) + weight
+    return rough
+
+
 class Bm25Index:
     """A :class:`~proxy.store.search.RecallIndex` ranking in the proxy; a backend
     gives it its two statements (:meth:`_matches`, :meth:`_rows`) and its words."""
@@ -138,19 +153,14 @@ class Bm25Index:
             return []
         df = dict(zip(quoted, counts, strict=True))
         idf = {t: math.log(1 + (items - df[t] + 0.5) / (df[t] + 0.5)) for t in chosen}
-        rough: dict[int, float] = {}
-        get = rough.get
-        for t in chosen:
-            weight = idf[t]
-            for rowid in matches[t]:
-                rough[rowid] = get(rowid, 0.0) + weight
-        # Best first, the newest of equals first (tuples: compared without a key function).
-        ranked = sorted(zip(rough.values(), rough, strict=True), reverse=True)
-        order = [rowid for _, rowid in ranked]
+        rough = _rough(chosen, idf, matches)
         average = max(1.0, totals[1] / items)
         bound = _NO_LIMIT if before is None else before
         hits: list[SearchHit] = []
         step = max(1, int(BATCH * limit))
+        # Best first, the newest of equals first (tuples: compared without a key function).
+        ranked = sorted(zip(rough.values(), rough, strict=True), reverse=True)
+        order = [rowid for _, rowid in ranked]
         for start in range(0, len(order), step):
             batch = order[start : start + step]
             for rowid, (owner, pos, tokens, content_hash) in (await self._detailed(batch)).items():
@@ -217,7 +227,7 @@ class Bm25Index:
             while len(self._stats) > SESSIONS:
                 self._stats.popitem(last=False)
             matches = {
-                wanted[r[0]]: [int(x) for x in r[1].split(",")] for r in rows if r[0] >= 0 and r[1]
+                wanted[r[0]]: list(map(int, r[1].split(","))) for r in rows if r[0] >= 0 and r[1]
             }
             return stats, now, matches
         return None
