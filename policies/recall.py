@@ -532,3 +532,15 @@ def _block_message(units: Sequence[str]) -> Message:
     body = "\n".join(u for u in units if u)
     inner = f"{BLOCK_OPEN}\n{body}\n{BLOCK_CLOSE}" if body else f"{BLOCK_OPEN}\n{BLOCK_CLOSE}"
     return {"role": "user", "content": f"{RECALL_HEADER}\n{inner}"}
+
+
+def line_message(messages: Sequence[Message], i: int) -> Message | None:
+    """What :func:`recall` counts for chat message ``i`` quoted as a unit of its own
+    (None: a system message, or part of a tool call's unit), so a caller can count it
+    ahead, off the request path: the count is then a hit in its counter's cache."""
+    if not 0 <= i < len(messages):
+        return None
+    shape = ChatShape(messages)
+    if shape.pinned(i) or shape.bounds(i) != (i, i + 1):
+        return None
+    return {"role": "user", "content": _lines(shape, (i, i + 1))}

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from policies.types import Decision, Message, PolicySpec, RecallSpec
-from proxy.context.recall import ERROR, RecallOutcome
+from proxy.context.recall import ERROR, NONE, RECALLED, RecallOutcome
 from proxy.context.tokens import counter_for
 from proxy.runtime import Runtime
 from proxy.store.base import SessionRef
@@ -41,7 +41,7 @@ async def recall_step(
         # Only the recall block is counted here: it is the one message recall makes.
         return counter.count_message(message)
 
-    return await rt.recall.apply(
+    decided, outcome = await rt.recall.apply(
         policy=policy,
         spec=recall,
         budget=budget if isinstance(budget, int) else 0,
@@ -53,6 +53,12 @@ async def recall_step(
         sizes=sizes,
         model=model,
     )
+    if ref is not None and decision.dropped and outcome.status in (RECALLED, NONE):
+        # The lines later requests may quote, counted while this one waits upstream.
+        rt.background.spawn(
+            rt.recall.prepare(ref, conversation, decision, counter), name="recall-prepare"
+        )
+    return decided, outcome
 
 
 def recall_headers(outcome: RecallOutcome) -> dict[str, str]:

@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from policies.fusion import fuse
 from policies.modes import latest_user_text
-from policies.recall import Hit, Recalled, Shape, recall
+from policies.recall import Hit, Recalled, Shape, line_message, recall
 from policies.transcript import message_text
 from policies.types import CountFn, Decision, Message, RecallSpec
 from proxy.context.recall_memo import RecallMemo, result_of
 from proxy.context.recall_query import expansion_terms, query_terms, words_of
+from proxy.context.tokens import TiktokenCounter
 from proxy.store.base import SessionRef
 from proxy.store.search import RecallIndex
 from proxy.telemetry.logging import get_logger
@@ -61,6 +63,11 @@ SEMANTIC_CANDIDATES = 40
 # fused, it keeps up to 1.5 points less (measured on a replica).
 EXPANSION_HITS = 2
 EXPANSION_WEIGHT = 0.1
+
+# Sessions whose left-out messages' lines were counted ahead (RecallService.prepare),
+# each with the highest position counted; lines built and counted at a time.
+PREPARED_SESSIONS = 4096
+PREPARE_CHUNK = 256
 
 # Values of X-Context-Recall and the row's recall.status.
 RECALLED, NONE, ERROR, NO_SESSION, UNSUPPORTED = (
@@ -160,6 +167,7 @@ class RecallService:
         # a backend that cannot say, shared by other instances): the memo's guard.
         self._versions = versions
         self.memo = RecallMemo()
+        self._prepared: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     async def apply(
         self,
@@ -218,6 +226,33 @@ class RecallService:
         outcome.ms = (time.perf_counter() - started) * 1000
         self._observe(policy, outcome)
         return decision, outcome
+
+    async def prepare(
+        self,
+        ref: SessionRef,
+        conversation: Sequence[Message],
+        decision: Decision,
+        counter: TiktokenCounter,
+    ) -> int:
+        """Off the request path (the chat pipeline spawns it): count the recall lines
+        of the chat messages ``decision`` left out that no request of the session had
+        left out before, into ``counter``'s cache, so the block that first quotes
+        them counts no line on its request's path (the same count: the same
+        message). Returns the lines tokenized."""
+        key = (ref.tenant, ref.key)
+        done = self._prepared.get(key, -1)
+        todo = [i for i in decision.dropped if i > done]
+        if not todo:
+            return 0
+        self._prepared[key] = todo[-1]
+        self._prepared.move_to_end(key)
+        while len(self._prepared) > PREPARED_SESSIONS:
+            self._prepared.popitem(last=False)
+        counted = 0
+        for start in range(0, len(todo), PREPARE_CHUNK):
+            lines = [line_message(conversation, i) for i in todo[start : start + PREPARE_CHUNK]]
+            counted += await counter.precount_messages([m for m in lines if m is not None])
+        return counted
 
     def _remembered(
         self,

@@ -19,7 +19,7 @@ import math
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -373,6 +373,26 @@ class TiktokenCounter:
             self._long[(len(text), hash(text))] = raw
         while len(self._long) > LONG_CACHE:
             self._long.popitem(last=False)
+
+    async def precount_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Count and cache ``messages`` (strings only, none long: see LONG_TEXT) that
+        the cache does not hold, the tokenizing in a worker thread, so a later
+        :meth:`count_message` of the same content is a hit. Returns how many were counted."""
+        todo: list[tuple[Hashable, Mapping[str, Any]]] = []
+        data = self._cache._data
+        for message in messages:
+            if not all(type(v) is str and len(v) < LONG_TEXT for v in message.values()):
+                continue
+            key = _key(message)
+            if key not in data:
+                todo.append((key, message))
+        if not todo:
+            return 0
+        tokens = self._message_tokens  # strings shorter than LONG_TEXT: no shared state
+        raws = await asyncio.to_thread(lambda: [tokens(m) for _, m in todo])
+        for (done, _), raw in zip(todo, raws, strict=True):
+            self._cache.put(done, raw)
+        return len(todo)
 
     def _cached(self, kind: bytes, value: list[Any], tokens: Callable[[list[Any]], int]) -> int:
         key = _key(value, kind)
