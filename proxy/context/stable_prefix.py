@@ -85,16 +85,19 @@ def common_prefix(previous: Sequence[str], current: Sequence[str]) -> int:
     return same
 
 
-# A key held: a list slot and, now and then, a hash string of its own (most are
-# the conversation's own strings, shared).
-KEY_BYTES = 16
+# A key held: a list slot and its hash string (32 hex digits: 81 bytes). The
+# string is shared with the message cache while that holds the session, but a
+# session it evicted keeps its strings alive here alone, so they are counted.
+KEY_BYTES = 89
+# As the other per-session caches: past 1,024 sessions nothing more is kept.
+SESSIONS = 1024
 
 
 class StablePrefixes:
     """Each session's last forwarded list (as content hashes), bounded by sessions and keys."""
 
     def __init__(
-        self, max_sessions: int = 4096, max_keys: int = 2_000_000, max_bytes: int | None = None
+        self, max_sessions: int = SESSIONS, max_keys: int = 2_000_000, max_bytes: int | None = None
     ) -> None:
         self.max_sessions = max_sessions
         self.max_keys = max_keys if max_bytes is None else max(1, max_bytes // KEY_BYTES)
