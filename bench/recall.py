@@ -33,6 +33,7 @@ fusion-weight sweep and cost (bench/recall_embeddings.py).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -469,29 +470,30 @@ async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]
         await store.record_exchange(SessionRef("bench", f"conv-{k}"), stored, None, record(f"c{k}"))
 
 
-def sections() -> set[str]:
-    """The sections to run (``--only a,b``; all by default)."""
-    every = {
-        "retention",
-        "modes",
-        "latency",
-        "pg-latency",
-        "redis-latency",
-        "storage",
-        "embeddings",
-    }
-    if "--only" in sys.argv:
-        chosen = set(sys.argv[sys.argv.index("--only") + 1].split(","))
-        unknown = chosen - every
-        if unknown:
-            raise SystemExit(f"unknown sections: {', '.join(sorted(unknown))}")
-        return chosen
-    return every
+SECTIONS = ("retention", "modes", "latency", "pg-latency", "redis-latency", "storage", "embeddings")
 
 
-async def main() -> None:
-    quick = "--quick" in sys.argv
-    only = sections()
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="200 questions, 100 timed rounds")
+    parser.add_argument(
+        "--only",
+        type=lambda value: set(value.split(",")),
+        default=set(SECTIONS),
+        help="comma-separated sections to run: " + ",".join(SECTIONS) + " (default: all)",
+    )
+    args = parser.parse_args()
+    unknown = args.only - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    return args
+
+
+async def main(args: argparse.Namespace) -> None:
+    quick = args.quick
+    only = args.only
     if not DATA.exists():
         print(f"skipped: {DATA} not found (the shared LoCoMo data)")
         return
@@ -549,4 +551,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(arguments()))
