@@ -126,6 +126,10 @@ class Runtime:
             embeddings=self._embeddings(),
             versions=items_versions_for(self.store),
         )
+        self.recall.memo.max_bytes = budget.recall_memo
+        self.summaries.memo.max_bytes = budget.plan_memo
+        if self.summaries.chains is not None:
+            self.summaries.chains.max_bytes = budget.path_hashes
 
     def _embeddings(self) -> Embeddings | None:
         """Semantic recall's parts, when a policy asks for it and the store keeps vectors.

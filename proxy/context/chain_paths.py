@@ -34,6 +34,14 @@ class ChainPaths:
     def __len__(self) -> int:
         return len(self._last)
 
+    @property
+    def max_bytes(self) -> int:
+        return self._last.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._last.max_bytes = value
+
     def of(self, ref: SessionRef, hashes: Sequence[str]) -> list[str]:
         """The path hashes of ``hashes`` (content hashes from the root), a new list."""
         key = (ref.tenant, ref.key)

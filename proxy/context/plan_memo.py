@@ -122,6 +122,16 @@ class PlanMemo:
         # A prefetch's key that found nothing to make.
         self._idle: SizedLRU[tuple[str, str], Hashable] = SizedLRU(max_sessions, max_bytes // 16)
 
+    @property
+    def max_bytes(self) -> int:
+        """The views' bytes and the idle keys' (a sixteenth of it)."""
+        return self._views.max_bytes + self._idle.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._idle.max_bytes = value // 16
+        self._views.max_bytes = value - value // 16
+
     def view(self, ref: SessionRef, key: Hashable) -> PlannedView | None:
         found = self._views.get((ref.tenant, ref.key))
         if found is None or found[0] != key:

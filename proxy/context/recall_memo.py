@@ -114,6 +114,14 @@ class RecallMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._entries.max_bytes = value
+
     @staticmethod
     def key(
         version: int,

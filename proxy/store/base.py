@@ -34,18 +34,20 @@ class CacheBudget:
     least recently used sessions past its share. The shares follow what a
     request reuses most: each session's messages (hashes, counts, keys: the
     bulk), the stored chain a ``history: server`` session replays, then
-    token counts, chain ids and the stable-prefix keys.
+    token counts, chain ids, the stable-prefix keys and the memos of a
+    request resent over an unchanged session (recall outcomes, summary plans,
+    path hashes).
     """
 
     max_bytes: int = 256 * 2**20
 
     @property
     def messages(self) -> int:
-        return self.max_bytes * 45 // 100
+        return self.max_bytes * 40 // 100
 
     @property
     def histories(self) -> int:
-        return self.max_bytes * 30 // 100
+        return self.max_bytes * 25 // 100
 
     @property
     def counts(self) -> int:
@@ -59,6 +61,18 @@ class CacheBudget:
     @property
     def prefixes(self) -> int:
         return self.max_bytes * 5 // 100
+
+    @property
+    def recall_memo(self) -> int:
+        return self.max_bytes * 3 // 100
+
+    @property
+    def plan_memo(self) -> int:
+        return self.max_bytes * 3 // 100
+
+    @property
+    def path_hashes(self) -> int:
+        return self.max_bytes * 4 // 100
 
 
 @dataclass(frozen=True)

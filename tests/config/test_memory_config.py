@@ -52,5 +52,18 @@ def test_the_runtime_shares_the_budget_out_to_its_caches():
     rt = Runtime(parsed, MemoryStore(), {})
     budget = CacheBudget(64 * 2**20)
     assert rt.messages.max_bytes == budget.messages
-    shares = (budget.messages, budget.histories, budget.counts, budget.chains, budget.prefixes)
+    assert rt.recall.memo.max_bytes == budget.recall_memo
+    assert rt.summaries.memo.max_bytes == budget.plan_memo
+    assert rt.summaries.chains is not None
+    assert rt.summaries.chains.max_bytes == budget.path_hashes
+    shares = (
+        budget.messages,
+        budget.histories,
+        budget.counts,
+        budget.chains,
+        budget.prefixes,
+        budget.recall_memo,
+        budget.plan_memo,
+        budget.path_hashes,
+    )
     assert sum(shares) <= budget.max_bytes
