@@ -169,6 +169,11 @@ class Runtime:
         self._inflight[self.generation] = self._inflight.get(self.generation, 0) + 1
         return view
 
+    @property
+    def in_flight(self) -> int:
+        """Pinned requests not yet released (a request is released once it is recorded)."""
+        return sum(self._inflight.values())
+
     def release(self) -> None:
         """The pinned request is done with its upstream; safe to call twice."""
         if not self._pinned:

@@ -100,8 +100,21 @@ class ProxyServer:
         return self.app.state.runtime
 
     def drain(self) -> None:
-        """Wait until every background store write has finished."""
-        self.loop.run(self.runtime.background.drain())
+        """Wait until every request is recorded and every background store write has finished.
+
+        A client-held exchange is recorded (row, log line, metrics) right after its
+        answer is sent, so a client may read the answer before that.
+        """
+
+        async def settled() -> None:
+            deadline = time.monotonic() + 15
+            while self.runtime.in_flight:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("requests still in flight after 15 s")
+                await asyncio.sleep(0.001)
+            await self.runtime.background.drain()
+
+        self.loop.run(settled())
 
     def stop(self) -> None:
         self.server.should_exit = True
