@@ -29,10 +29,11 @@ from typing import Any, NamedTuple
 from proxy.store.base import SessionRef, StoredItem
 from proxy.store.rows import item_from_row
 from proxy.store.sized import SizedLRU
+from proxy.store.sqlite_items import ITEM_COLUMNS
 
 # The session (id, head) and the chain from its head back to, not including,
 # the cached head (?3; 0: none), in one statement: always at least one row.
-HISTORY_SINCE = """
+HISTORY_SINCE = f"""
     WITH RECURSIVE s (sid, head) AS (
         SELECT id, head_item_id FROM sessions WHERE tenant = ? AND key = ?
     ),
@@ -42,7 +43,8 @@ HISTORY_SINCE = """
         SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
             WHERE items.parent_id IS NOT NULL AND items.parent_id <> ?3
     )
-    SELECT s.sid, s.head, items.* FROM s LEFT JOIN chain LEFT JOIN items ON items.id = chain.id
+    SELECT s.sid, s.head, {ITEM_COLUMNS}
+    FROM s LEFT JOIN chain LEFT JOIN items ON items.id = chain.id
     ORDER BY chain.depth DESC
 """
 
