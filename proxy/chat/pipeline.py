@@ -165,7 +165,14 @@ class ChatExchange(ExchangeRelay):
             )
         else:
             self.decision = rt.rewriter.decide(
-                self.policy, self.conversation, body, model, self.hashes, counts=counts
+                self.policy,
+                self.conversation,
+                body,
+                model,
+                self.hashes,
+                counts=counts,
+                memo=rt.summaries.memo,
+                ref=self.ref,
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
