@@ -41,44 +41,63 @@ class ExchangeRelay(ExchangeFinish):
         except ProxyError as error:
             self._finish_failed(error.status, error, upstream_status=response.status)
             return error_response(error, self._headers())
-        reply: dict[str, Any] | None = None
-        usage: dict[str, Any] | None = None
-        invalid: UpstreamError | None = None
-        if response.status == 200:
-            reply, usage = reply_from_completion(content)
-            if reply is None or not valid_reply(reply):
-                # Relayed as it came, but not an answer: the user message is not
-                # stored as if it had been answered; the row says why.
-                reply = None
-                invalid = UpstreamError(
-                    "The upstream's 200 answer is not a chat completion.",
-                    code="upstream_invalid_response",
-                )
-            elif "role" not in reply:
-                reply["role"] = "assistant"
-        if reply is not None and len(content) >= LONG_TEXT:
-            await counter_for(self.model or "").precount([reply])
         # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
         out.raw_headers.append((b"content-length", str(len(content)).encode()))
-        finish = functools.partial(
-            self._finish,
-            response.status,
-            reply,
-            usage=usage,
-            upstream_status=response.status,
-            error=invalid,
-            failed=invalid is not None,
-        )
-        if self._durable():
+        durable = self._durable()
+        if not durable and len(content) < LONG_TEXT:
+            # The reply is read off the body once the answer is on its way, with the row,
+            # the log line and the metrics (see ``sent``): the client does not wait for it.
+            self.after = functools.partial(self._finish_whole, response.status, content)
+            return out
+        reply = self._whole_reply(response.status, content)
+        if reply[0] is not None and len(content) >= LONG_TEXT:
+            await counter_for(self.model or "").precount([reply[0]])
+        finish = functools.partial(self._finish_whole, response.status, content, reply)
+        if durable:
             # The next request replays this one: committed before the client has it.
             await self._committed(finish())
         else:
-            # The row, the log line and the metrics once the answer is on its way: not
-            # between the upstream's last byte and the client's (see ``sent``).
             self.after = finish
         return out
+
+    @staticmethod
+    def _whole_reply(
+        status: int, content: bytes
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, UpstreamError | None]:
+        """A whole answer's reply, usage, and why a 200 is not an answer (if it is not)."""
+        if status != 200:
+            return None, None, None
+        reply, usage = reply_from_completion(content)
+        if reply is None or not valid_reply(reply):
+            # Relayed as it came, but not an answer: the user message is not
+            # stored as if it had been answered; the row says why.
+            invalid = UpstreamError(
+                "The upstream's 200 answer is not a chat completion.",
+                code="upstream_invalid_response",
+            )
+            return None, usage, invalid
+        if "role" not in reply:
+            reply["role"] = "assistant"
+        return reply, usage, None
+
+    def _finish_whole(
+        self,
+        status: int,
+        content: bytes,
+        reply: tuple[dict[str, Any] | None, dict[str, Any] | None, UpstreamError | None]
+        | None = None,
+    ) -> asyncio.Future[Any] | None:
+        message, usage, invalid = reply if reply is not None else self._whole_reply(status, content)
+        return self._finish(
+            status,
+            message,
+            usage=usage,
+            upstream_status=status,
+            error=invalid,
+            failed=invalid is not None,
+        )
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
         assembler = ChatReplyAssembler()
