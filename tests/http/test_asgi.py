@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from proxy.http.asgi import respond
 
@@ -37,7 +39,8 @@ class Cycle:
         self.keep_alive = keep_alive
 
     async def receive(self) -> dict[str, Any]:
-        return {"type": "http.disconnect"}
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError("unreachable")
 
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
@@ -61,6 +64,22 @@ async def test_a_connection_closed_after_the_response_gets_it_whole_first() -> N
     transport = cycle.transport
     await respond(Response(b"bye", status_code=200), cycle.receive, cycle.send)
     assert transport.writes == [[b"HTTP/1.1 200\r\n\r\n", b"bye"]] and transport.closed
+
+
+async def test_a_stream_sends_its_head_with_what_is_at_hand_and_the_rest_as_it_comes() -> None:
+    cycle = Cycle()
+    transport = cycle.transport
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        yield b"data: 2\n\n"
+        await asyncio.sleep(0.05)  # the upstream's next event is not there yet
+        assert transport.writes == [[b"HTTP/1.1 200\r\n\r\n", b"data: 1\n\n", b"data: 2\n\n"]]
+        yield b"data: 3\n\n"
+
+    await respond(StreamingResponse(events(), status_code=200), cycle.receive, cycle.send)
+    assert transport.writes[1:] == [[b"data: 3\n\n", b""]]
+    assert cycle.transport is transport
 
 
 async def test_without_a_cycle_behind_receive_the_messages_go_as_they_come() -> None:
