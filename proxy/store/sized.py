@@ -32,9 +32,10 @@ from typing import Generic, TypeVar
 K = TypeVar("K")
 V = TypeVar("V")
 
-# What tracking one key's uses takes: its dict slot and key tuple (the key's
-# strings are the session's own), the count a small int: about 150 bytes.
-USE_BYTES = 160
+# What tracking one key's uses takes: its dict slot and key tuple (86 bytes,
+# tracemalloc), and the key's strings when no entry shares them (a 64-character
+# session key: 113 more); the count is a small int.
+USE_BYTES = 240
 # Counts saturate here (as TinyLFU's 4-bit counters): a session used a
 # thousand times yesterday must not outlive a day of halvings.
 MAX_USES = 15

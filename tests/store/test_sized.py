@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 from proxy.store.sized import USE_BYTES, SizedLRU, Uses
 
 MB = 2**20
@@ -104,3 +107,20 @@ def test_uses_saturate_and_halve():
     assert uses.get("a") == 15 and uses.get("b") == 1
     uses.age()
     assert uses.get("a") == 7 and uses.get("b") == 0 and len(uses) == 1
+
+
+def test_what_tracking_uses_holds_is_within_its_estimate():
+    """Keys of sessions not held: their strings are the uses' alone (tracemalloc)."""
+    uses: Uses[tuple[str, str]] = Uses(100_000)
+    tenant = "t" * 32
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(10_000):
+            uses.add((tenant, f"{i:08d}" + "k" * 56))  # a 64-character session key
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= len(uses) * USE_BYTES, (held / len(uses), USE_BYTES)
