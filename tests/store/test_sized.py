@@ -39,10 +39,11 @@ def test_with_admission_a_loop_larger_than_the_cache_keeps_hitting_on_what_fits(
 
 def test_a_hot_key_is_not_displaced_by_a_loop_and_a_growing_entry_passes_it_over():
     cache: SizedLRU[str, int] = SizedLRU(1024, 5 * MB, admission=True)
-    for _ in range(5):
-        assert cache.get("hot") is not None or cache.put("hot", 1, MB)
     keys = [f"s{i}" for i in range(8)]
-    loop_hits(cache, keys, 3)
+    for _ in range(3):  # one session in use all along, eight agents in turn in between
+        for _ in range(3):
+            assert cache.get("hot") is not None or cache.put("hot", 1, MB)
+        loop_hits(cache, keys, 1)
     assert cache.peek("hot") is not None
     # An entry of the loop grows past the budget: a colder one goes, not "hot".
     held = [k for k in keys if cache.peek(k) is not None]
@@ -61,18 +62,16 @@ def test_one_off_keys_are_evicted_least_recently_used_first_as_without_admission
     assert held == [f"k{i}" for i in range(4, 8)]
 
 
-def test_a_working_set_that_moved_on_gives_way_once_uses_are_halved():
+def test_sessions_that_ended_give_way_once_idle_past_twice_their_rhythm():
+    """No wait for the uses to be halved: a session used every 4 uses that has not
+    been for 8 has stopped, and a new one takes its place."""
     cache: SizedLRU[str, int] = SizedLRU(1024, 5 * MB, admission=True)
     old = [f"old{i}" for i in range(4)]
-    loop_hits(cache, old, 4)
+    loop_hits(cache, old, 6)  # used often, then never again
     new = [f"new{i}" for i in range(4)]
-    loop_hits(cache, new, 2)
-    assert all(cache.peek(k) is None for k in new)  # the old ones were used more
-    assert cache._uses is not None
-    for _ in range(3):
-        cache._uses.age()  # what enough uses of anything else do
-    loop_hits(cache, new, 2)
-    assert all(cache.peek(k) is not None for k in new)
+    loop_hits(cache, new, 3)
+    assert all(cache.peek(k) is None for k in old)
+    assert loop_hits(cache, new, 1) == 4
 
 
 def test_uses_are_bounded_and_their_bytes_come_off_the_budget():
@@ -99,12 +98,16 @@ def test_a_cache_too_small_to_track_uses_is_a_plain_lru():
     assert cache.peek("k0") is None and len(cache) == 3
 
 
-def test_uses_saturate_and_halve():
+def test_uses_saturate_and_halve_and_know_each_keys_reuse_distance():
     uses: Uses[str] = Uses(100)
     for _ in range(40):
         uses.add("a")
     uses.add("b")
     assert uses.get("a") == 15 and uses.get("b") == 1
+    assert uses.gap("a") == 1 and uses.gap("b") == 0  # b: seen once
+    assert uses.idle("a") == 1 and uses.idle("b") == 0 and uses.idle("c") is None
+    uses.add("a")
+    assert uses.gap("a") == 2
     uses.age()
     assert uses.get("a") == 7 and uses.get("b") == 0 and len(uses) == 1
 
