@@ -19,7 +19,7 @@ about 200 tokens each (the 20-message, ~4k-token body of bench/overhead.py).
 
 Prints one table beside the figures of issue 16 ("now") and the targets.
 
-    python bench/history.py [--rounds 3] [--quick] [--no-memory] [--only cpu|memory]
+    python bench/history.py [--rounds 3] [--quick] [--no-memory] [--only cpu|memory|storage]
         [--cache 1GiB]
 """
 
@@ -259,6 +259,7 @@ def storage(db: Path) -> dict[str, Any]:
         "items": items,
         "json": json_bytes / max(items, 1),
         "file": page * pages / max(items, 1),
+        "page_size": page,
         "by_name": {k: v / max(items, 1) for k, v in by_name.items()},
         "row_short": statistics.median(short) if short else 0.0,
         "row_long": statistics.median(long) if long else 0.0,
@@ -266,6 +267,27 @@ def storage(db: Path) -> dict[str, Any]:
 
 
 # -- the table ----------------------------------------------------------------------
+
+
+def print_by_name(stored: dict[str, Any]) -> None:
+    print(
+        "bytes per stored message by table/index: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in stored["by_name"].items() if v >= 1)
+    )
+
+
+def print_storage(stored: dict[str, Any]) -> None:
+    """``--only storage``: the storage rows alone (the sessions seeded, no rounds run)."""
+    print()
+    print_by_name(stored)
+    print(
+        f"SQLite bytes per stored message: {stored['file']:.0f} B"
+        f" ({stored['file'] / stored['json']:.2f}x of {stored['json']:.0f} B of JSON,"
+        f" {stored['items']} messages, {stored['page_size']} B pages)"
+    )
+    print(
+        f"request row, short vs long session: {stored['row_short']:.0f} B vs {stored['row_long']:.0f} B"
+    )
 
 
 def table(
@@ -340,10 +362,7 @@ def table(
         )
     )
     print()
-    print(
-        "bytes per stored message by table/index: "
-        + ", ".join(f"{k} {v:.0f}" for k, v in stored["by_name"].items() if v >= 1)
-    )
+    print_by_name(stored)
     print()
     width = max(len(r[0]) for r in rows)
     print(f"{'':<{width}}  {'now (issue 16)':<24} {'measured':<36} target")
@@ -369,9 +388,13 @@ async def main_async(args: argparse.Namespace) -> int:
                 proxies.append(cpu_proxy)
                 await wait_ready(cpu_proxy.url)
                 print(f"warm request CPU (load {load()})", flush=True)
-                cpu = await cpu_phase(cpu_proxy, args.rounds, sizes, counts)
+                rounds = 0 if args.only == "storage" else args.rounds
+                cpu = await cpu_phase(cpu_proxy, rounds, sizes, counts)
                 cpu_proxy.stop()
                 stored = storage(cpu_proxy.db)
+                if args.only == "storage":
+                    print_storage(stored)
+                    return 0
             memory: list[tuple[int, float]] = []
             if not args.no_memory and args.only != "cpu":
                 mem_proxy = Proxy(tmp, "memory", up_port, args.cache)
@@ -403,8 +426,9 @@ def main() -> int:
     parser.add_argument("--no-memory", action="store_true", help="leave out the RSS phase")
     parser.add_argument(
         "--only",
-        choices=("cpu", "memory"),
-        help="one phase: the warm-request CPU and storage, or the RSS",
+        choices=("cpu", "memory", "storage"),
+        help="one phase: the warm-request CPU and storage, the RSS, or the storage alone"
+        " (the CPU phase's sessions seeded, no rounds)",
     )
     parser.add_argument("--cache", help="the proxy's cache.max_bytes (default: its own, 256MiB)")
     args = parser.parse_args()

@@ -32,6 +32,7 @@ from proxy.config.model import Config
 from proxy.http.server import uvicorn_options
 from proxy.ops.health import Lifecycle
 from proxy.store.backends import backend_name
+from proxy.store.sqlite_items import PAGE_SIZE
 from proxy.telemetry.logging import get_logger
 
 log = get_logger()
@@ -48,6 +49,8 @@ def store_problem(config: Config) -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(path)
         try:
+            # This makes the file when it is new: with the store's page size.
+            con.execute(f"PRAGMA page_size = {PAGE_SIZE}")
             con.execute("PRAGMA journal_mode = WAL").fetchall()
         finally:
             con.close()

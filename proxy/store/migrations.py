@@ -340,7 +340,70 @@ MIGRATIONS: tuple[str, ...] = (
             SELECT 'delete', id, body FROM items_fts_source WHERE id = old.id;
     END;
     """,
+    # 9: items in fewer bytes (a stored message was 1.33x its JSON). The two hashes as
+    # their 16 bytes (BLOB), not 32 hex digits: 32 bytes less a row, 16 less an entry of
+    # the (session_id, path_hash) index. ``role`` and ``status`` become virtual generated
+    # columns, computed when read and stored nowhere: ``kind`` holds the item's role only
+    # where the message's JSON has another or none (a Responses item's type; NULL: the
+    # message's own), ``incomplete`` the status (0 or 1, which SQLite stores in no bytes).
+    # Any other string, which a content hash may be, stays text. The index of children
+    # is on parent_id alone: an item id names one item in any session, so the session
+    # was redundant there, and ids grow, so its pages fill (they were half empty). The
+    # table is rebuilt with its ids (every reference to an item, the recall index and
+    # the vectors stay valid) and its AUTOINCREMENT counter (ids of deleted items are
+    # still never reused), with foreign keys off (see FOREIGN_KEYS_OFF): dropping the
+    # old table must not cascade to item_vectors. A status other than the two fails the
+    # migration (NOT NULL) rather than lose it.
+    """
+    DROP TRIGGER items_fts_delete;
+    CREATE TABLE items_v9 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id INTEGER NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        parent_id INTEGER,
+        path_hash BLOB NOT NULL,
+        content_hash BLOB NOT NULL,
+        kind TEXT,
+        token_count INTEGER,
+        incomplete INTEGER NOT NULL,
+        message_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        pos INTEGER,
+        role TEXT GENERATED ALWAYS AS (coalesce(kind, CASE WHEN json_valid(message_json)
+            THEN json_extract(message_json, '$.role') END)) VIRTUAL,
+        status TEXT GENERATED ALWAYS AS (
+            CASE incomplete WHEN 0 THEN 'complete' ELSE 'incomplete' END) VIRTUAL,
+        UNIQUE (session_id, path_hash)
+    );
+    INSERT INTO sqlite_sequence (name, seq)
+        SELECT 'items_v9', seq FROM sqlite_sequence WHERE name = 'items';
+    INSERT INTO items_v9 (id, session_id, parent_id, path_hash, content_hash, kind,
+        token_count, incomplete, message_json, created_at, pos)
+        SELECT id, session_id, parent_id,
+            CASE WHEN length(path_hash) = 32 AND path_hash NOT GLOB '*[^0-9a-f]*'
+                THEN unhex(path_hash) ELSE path_hash END,
+            CASE WHEN length(content_hash) = 32 AND content_hash NOT GLOB '*[^0-9a-f]*'
+                THEN unhex(content_hash) ELSE content_hash END,
+            CASE WHEN json_valid(message_json)
+                AND json_type(message_json, '$.role') = 'text'
+                AND json_extract(message_json, '$.role') = role THEN NULL ELSE role END,
+            token_count, CASE status WHEN 'complete' THEN 0 WHEN 'incomplete' THEN 1 END,
+            message_json, created_at, pos
+        FROM items ORDER BY id;
+    DROP TABLE items;
+    ALTER TABLE items_v9 RENAME TO items;
+    CREATE INDEX items_parent ON items (parent_id);
+    CREATE TRIGGER items_fts_delete BEFORE DELETE ON items BEGIN
+        INSERT INTO items_fts (items_fts, rowid, body)
+            SELECT 'delete', id, body FROM items_fts_source WHERE id = old.id;
+    END;
+    """,
 )
+
+# Versions that rebuild a table others reference: applied with foreign keys off (a
+# DROP TABLE would delete the referencing rows through ON DELETE CASCADE) and with
+# the legacy rename (a view naming the table is left as it is, not checked against a
+# schema that lacks the table for a moment), then checked by foreign_key_check.
+FOREIGN_KEYS_OFF = frozenset({9})
 
 
 def split_statements(script: str) -> list[str]:
@@ -368,28 +431,65 @@ async def migrate(conn: Any) -> list[int]:
         "CREATE TABLE IF NOT EXISTS schema_migrations"
         " (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
     )
+    # SQLite before 3.41 has no unhex(); this one fails on anything but hex digits.
+    await conn.create_function("unhex", 1, bytes.fromhex, deterministic=True)
+    async with conn.execute("SELECT version FROM schema_migrations") as cursor:
+        done = {row[0] for row in await cursor.fetchall()}
     applied: list[int] = []
     for version, script in enumerate(MIGRATIONS, start=1):
-        await conn.execute("BEGIN IMMEDIATE")
+        if version in done:
+            continue
+        rebuild = version in FOREIGN_KEYS_OFF
+        if rebuild:
+            # Outside a transaction: SQLite ignores foreign_keys inside one.
+            foreign_keys = await _pragma(conn, "foreign_keys")
+            await conn.execute("PRAGMA foreign_keys = OFF")
+            await conn.execute("PRAGMA legacy_alter_table = ON")
         try:
-            async with conn.execute(
-                "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
-            ) as cursor:
-                done = await cursor.fetchone() is not None
-            if not done:
-                for statement in split_statements(script):
-                    await conn.execute(statement)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
-                    (version, time.time()),
-                )
+            if await _apply(conn, version, script, check_keys=rebuild):
                 applied.append(version)
-            await conn.execute("COMMIT")
-        except BaseException:
-            # Undo the half-applied version whatever went wrong, then re-raise.
-            await rollback(conn)
-            raise
+        finally:
+            if rebuild:
+                await conn.execute("PRAGMA legacy_alter_table = OFF")
+                await conn.execute(f"PRAGMA foreign_keys = {int(foreign_keys)}")
     return applied
+
+
+async def _apply(conn: Any, version: int, script: str, *, check_keys: bool) -> bool:
+    """Apply one version in its own transaction; False if another process already had."""
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Re-checked inside the write transaction: another process may have applied it.
+        async with conn.execute(
+            "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
+        ) as cursor:
+            done = await cursor.fetchone() is not None
+        if not done:
+            for statement in split_statements(script):
+                await conn.execute(statement)
+            if check_keys:
+                for table in ("items", "item_vectors"):
+                    async with conn.execute(f"PRAGMA foreign_key_check({table})") as cursor:
+                        if (broken := await cursor.fetchone()) is not None:
+                            raise sqlite3.IntegrityError(
+                                f"migration {version} broke a reference: {tuple(broken)}"
+                            )
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                (version, time.time()),
+            )
+        await conn.execute("COMMIT")
+    except BaseException:
+        # Undo the half-applied version whatever went wrong, then re-raise.
+        await rollback(conn)
+        raise
+    return not done
+
+
+async def _pragma(conn: Any, name: str) -> Any:
+    async with conn.execute(f"PRAGMA {name}") as cursor:
+        row = await cursor.fetchone()
+    return row[0]
 
 
 async def rollback(conn: Any) -> None:

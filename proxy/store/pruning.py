@@ -51,9 +51,15 @@ def exclusive_suffix(
     return out
 
 
-def chain_up_sql(head: str) -> str:
+def chain_up_sql(head: str, *, by_parent: bool = False) -> str:
     """A chain's items from ``head`` (a bound parameter) back to the root, each with
-    its parent and how many children it has: (id, parent_id, children), head first."""
+    its parent and how many children it has: (id, parent_id, children), head first.
+
+    ``by_parent``: children found by their parent alone (an item id names one item
+    in any session), for an index on ``parent_id`` (SQLite's) rather than on
+    ``(session_id, parent_id)`` (PostgreSQL's).
+    """
+    same_session = "" if by_parent else "c.session_id = i.session_id AND "
     return f"""
     WITH RECURSIVE chain (id, depth) AS (
         SELECT {head}, 0
@@ -62,7 +68,7 @@ def chain_up_sql(head: str) -> str:
             WHERE items.parent_id IS NOT NULL
     )
     SELECT i.id, i.parent_id,
-        (SELECT count(*) FROM items c WHERE c.session_id = i.session_id AND c.parent_id = i.id)
+        (SELECT count(*) FROM items c WHERE {same_session}c.parent_id = i.id)
     FROM chain JOIN items i ON i.id = chain.id
     ORDER BY chain.depth
     """

@@ -64,7 +64,9 @@ def item_from_row(row: Any) -> StoredItem:
     columns.pop("pos", None)
     # A few distinct values on thousands of items a history cache may hold: one
     # string each (interned) instead of one per item, for the column and the message.
-    role = columns["role"] = sys.intern(columns["role"])
+    # SQLite keeps no role where the message has its own (proxy/store/sqlite_items.py).
+    role = columns["role"]
+    role = columns["role"] = sys.intern(message["role"] if role is None else role)
     columns["status"] = sys.intern(columns["status"])
     if message.get("role") == role:
         message["role"] = role

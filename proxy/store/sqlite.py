@@ -41,6 +41,7 @@ from proxy.store.item_versions import ItemVersions
 from proxy.store.migrations import MIGRATIONS, migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_history import SqliteHistoryCache
+from proxy.store.sqlite_items import ITEM_COLUMNS, PAGE_SIZE
 from proxy.store.summary_memo import SummaryMemo
 from proxy.store.writer import SqliteWriter
 
@@ -55,18 +56,6 @@ _SESSION_INFO = """
         (SELECT COALESCE(SUM(i.token_count), 0) FROM items i
             WHERE i.session_id = s.id) AS stored_tokens
     FROM sessions s
-"""
-
-
-_HISTORY = """
-    WITH RECURSIVE chain (id, depth) AS (
-        SELECT head_item_id, 0 FROM sessions
-            WHERE tenant = ? AND key = ? AND head_item_id IS NOT NULL
-        UNION ALL
-        SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
-            WHERE items.parent_id IS NOT NULL
-    )
-    SELECT items.* FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
 """
 
 
@@ -87,7 +76,7 @@ _RESPONSE_CHAIN = """
         SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
             WHERE items.parent_id IS NOT NULL
     )
-    SELECT items.* FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
+    SELECT {columns} FROM chain JOIN items ON items.id = chain.id ORDER BY chain.depth DESC
 """
 
 
@@ -122,6 +111,8 @@ class SqliteStore:
         try:
             db.row_factory = sqlite3.Row
             await db.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            # Only a new database takes it (before its first write; WAL mode is one).
+            await db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
             await db.execute("PRAGMA journal_mode = WAL")
             await db.execute("PRAGMA synchronous = NORMAL")
             await db.execute("PRAGMA foreign_keys = ON")
@@ -417,11 +408,11 @@ class SqliteStore:
         return bool(rows)
 
     async def response_chain(self, tenant: str, response_id: str) -> list[StoredItem]:
-        query = _RESPONSE_CHAIN.format(end="head_item_id")
+        query = _RESPONSE_CHAIN.format(end="head_item_id", columns=ITEM_COLUMNS)
         return [_item(row) for row in await self._fetch(query, (tenant, response_id))]
 
     async def response_input_items(self, tenant: str, response_id: str) -> list[StoredItem]:
-        query = _RESPONSE_CHAIN.format(end="input_head_item_id")
+        query = _RESPONSE_CHAIN.format(end="input_head_item_id", columns=ITEM_COLUMNS)
         return [_item(row) for row in await self._fetch(query, (tenant, response_id))]
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:

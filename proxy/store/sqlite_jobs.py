@@ -24,18 +24,12 @@ from proxy.store.base import (
 from proxy.store.chains import Prefix
 from proxy.store.pruning import chain_up_sql, exclusive_suffix, references_sql
 from proxy.store.rows import dumps, encoded_request
+from proxy.store.sqlite_items import INSERT_ITEM, hex_sql, insert_values, packed
 from proxy.store.sqlite_search import index_items
 
 # Well under SQLite's bound-variable limit (999 on old builds).
 CHUNK = 500
-
-_INSERT_ITEM = """
-    INSERT INTO items (session_id, parent_id, path_hash, content_hash, role,
-        token_count, status, message_json, created_at, pos)
-    VALUES (?, (SELECT id FROM items WHERE session_id = ? AND path_hash = ?),
-        ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (session_id, path_hash) DO NOTHING
-"""
+_PATH = hex_sql("path_hash")
 
 _UPSERT_RESPONSE = """
     INSERT INTO responses (id, tenant, session_id, head_item_id, input_head_item_id,
@@ -138,23 +132,12 @@ def store_chain(
     missing = [i for i in range(shared, len(hashes)) if hashes[i] not in found]
     if missing:
         # In chain order, so each parent exists by the time its child is inserted.
+        # ``i``: the chain position (the recall index's ``pos``).
         rows = [
-            (
-                session_id,
-                session_id,
-                hashes[i - 1] if i else None,
-                hashes[i],
-                chain[i].content_hash,
-                chain[i].role,
-                chain[i].token_count,
-                chain[i].status,
-                dumps(chain[i].message),
-                now,
-                i,  # the chain position (the recall index's ``pos``)
-            )
+            insert_values(session_id, hashes[i - 1] if i else None, hashes[i], chain[i], now, i)
             for i in missing
         ]
-        conn.executemany(_INSERT_ITEM, rows)
+        conn.executemany(INSERT_ITEM, rows)
         found.update(select_ids(conn, session_id, [hashes[i] for i in missing]))
         # The recall index, in the same transaction as its items.
         index_items(conn, [found[hashes[i]] for i in missing])
@@ -167,8 +150,8 @@ def select_ids(conn: sqlite3.Connection, session_id: int, hashes: Sequence[str])
         chunk = hashes[start : start + CHUNK]
         marks = ", ".join("?" * len(chunk))
         rows = conn.execute(
-            f"SELECT path_hash, id FROM items WHERE session_id = ? AND path_hash IN ({marks})",
-            (session_id, *chunk),
+            f"SELECT {_PATH}, id FROM items WHERE session_id = ? AND path_hash IN ({marks})",
+            (session_id, *map(packed, chunk)),
         )
         found.update({row[0]: row[1] for row in rows})
     return found
@@ -254,7 +237,7 @@ def record_response(
     )
 
 
-_CHAIN_UP = chain_up_sql("?")
+_CHAIN_UP = chain_up_sql("?", by_parent=True)
 _REFERENCES = references_sql("?1", "?2", "?3")
 
 

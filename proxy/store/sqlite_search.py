@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.store.bm25 import Bm25Index
+from proxy.store.sqlite_items import hex_sql
 
 # An item without searchable text has a NULL body in the view: its row adds nothing.
 _INDEX = """
@@ -82,7 +83,7 @@ def _detail_sql(rows: int) -> str:
     """Statement 3: position, token count and content hash of the candidates (rowids)."""
     marks = ", ".join("?" for _ in range(rows))
     return f"""
-    SELECT id, session_id, pos, token_count, content_hash
+    SELECT id, session_id, pos, token_count, {hex_sql("content_hash")}
     FROM items WHERE id IN ({marks})
     """
 

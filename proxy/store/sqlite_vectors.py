@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from proxy.store.base import SessionRef
+from proxy.store.sqlite_items import hex_sql
 from proxy.store.vectors import ItemVector, StoredVectors
 
 # The item must be the session's: a vector for anything else is ignored.
@@ -25,8 +26,8 @@ _INSERT = """
 
 # One statement (one trip to the read thread): the session's id on every row,
 # one row of NULLs when it has no new vectors, none when there is no session.
-_READ = """
-    SELECT s.id, v.seq, v.item_id, v.pos, i.content_hash, v.vector
+_READ = f"""
+    SELECT s.id, v.seq, v.item_id, v.pos, {hex_sql("i.content_hash")}, v.vector
     FROM sessions s
     LEFT JOIN item_vectors v ON v.session_id = s.id AND v.seq > ?
     LEFT JOIN items i ON i.id = v.item_id
