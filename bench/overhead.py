@@ -26,8 +26,9 @@ targets for: c=16 throughput / the minimal pass-through (``pass`` >= 0.90,
 ``trim+s`` >= 0.80, ``balanced+s`` >= 0.70), the p50 ``trim+s`` adds at c=1
 over it (<= 0.3 ms), and (``sse``, also with ``--only sse``) the time to the
 first SSE event of a streamed answer at c=1 through ``direct``, ``minimal``
-(which relays the stream chunk by chunk), ``pass`` and ``trim+s``, in rounds
-of their own, the p50 ``trim+s`` adds over ``minimal`` (<= 0.3 ms).
+(which relays the stream chunk by chunk), ``pass`` and ``trim+s`` (with
+``--baseline``, the other checkout's two as well), in rounds of their own,
+the p50 ``trim+s`` adds over ``minimal`` (<= 0.3 ms).
 
     python bench/overhead.py [--rounds 3] [--requests 400] [--concurrency 1 16]
         [--only NAME ...] [--baseline CHECKOUT] [--postgres URL] [--redis URL]
@@ -353,7 +354,7 @@ async def main_async(args: argparse.Namespace) -> int:
         if args.only:
             keep = {"minimal", *args.only}
             if "sse" in args.only:
-                keep |= {"direct", "pass", "trim+s"}
+                keep |= {"direct", "pass", "trim+s", "pass@base", "trim+s@base"}
             scenarios = {k: v for k, v in scenarios.items() if k in keep}
         for url, _ in servers.values():
             await wait_ready(url)
@@ -392,7 +393,12 @@ async def main_async(args: argparse.Namespace) -> int:
                         flush=True,
                     )
         # The first SSE event of a streamed answer, c=1, interleaved the same way.
-        streamed = [n for n in ("direct", "minimal", "pass", "trim+s") if n in scenarios]
+        # (With --baseline, the other checkout's pass and trim+s too.)
+        streamed = [
+            n
+            for n in ("direct", "minimal", "pass", "trim+s", "pass@base", "trim+s@base")
+            if n in scenarios
+        ]
         stream_body = make_body(stream=True)
         first: dict[str, list[float]] = {}
         if not args.only or "sse" in args.only:

@@ -254,8 +254,8 @@ class ItemShape:
     def pinned(self, i: int) -> bool:
         return self._pinned[i]
 
-    def bounds(self, i: int) -> tuple[int, int]:
-        return self._unit[i]
+    def unit(self, i: int) -> tuple[int, int] | None:
+        return None if self._pinned[i] else self._unit[i]
 
     def quoted(self, i: int) -> dict[str, object]:
         item = self.items[i]

@@ -38,7 +38,6 @@ the messages, their keys and the objects around them): see
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -47,6 +46,7 @@ import orjson
 from proxy.context.tokens import TokenCounter
 from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
+from proxy.store.sized import SizedLRU
 
 # What holding one message costs besides its text (the dict, its role string,
 # the MessageIn, the content hash string, the flat key, the two list slots):
@@ -114,19 +114,28 @@ def message_bytes(key: Key | None, message: MessageIn) -> int:
 
 class MessageCache:
     def __init__(self, max_sessions: int = 1024, max_bytes: int = 128 * 2**20) -> None:
-        self.max_sessions = max_sessions
-        self.max_bytes = max_bytes
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
-        self._sessions: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._bytes = 0
+        # With admission: a loop over more sessions than fit keeps hitting on a
+        # share of them (proxy/store/sized.py).
+        self._sessions: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
+            max_sessions, max_bytes, admission=True
+        )
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     @property
+    def max_bytes(self) -> int:
+        return self._sessions.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._sessions.max_bytes = value
+
+    @property
     def size(self) -> int:
         """Bytes held (estimated: see :func:`message_bytes`)."""
-        return self._bytes
+        return self._sessions.size
 
     def lookup(
         self,
@@ -186,9 +195,7 @@ class MessageCache:
         self, ref: SessionRef, how: tuple[str, float], lookup: Lookup, out: list[MessageIn]
     ) -> None:
         slot = (ref.tenant, ref.key)
-        old = self._sessions.pop(slot, None)
-        if old is not None:
-            self._bytes -= old.size
+        old = self._sessions.peek(slot)
         keys = lookup.keys
         if lookup.base >= 0 and old is not None and old.size == lookup.base:
             # The list as kept, then what is new: only the new messages are sized.
@@ -208,18 +215,10 @@ class MessageCache:
                 for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
             ]
             keys = old.keys[:n] + tail if old is not None else tail
-        if size > self.max_bytes:
-            return
-        self._sessions[slot] = _Entry(how, keys, out, size)
-        self._bytes += size
-        while self._bytes > self.max_bytes or len(self._sessions) > self.max_sessions:
-            _, dropped = self._sessions.popitem(last=False)
-            self._bytes -= dropped.size
+        self._sessions.put(slot, _Entry(how, keys, out, size), size)
 
     def forget(self, ref: SessionRef) -> None:
-        old = self._sessions.pop((ref.tenant, ref.key), None)
-        if old is not None:
-            self._bytes -= old.size
+        self._sessions.drop((ref.tenant, ref.key))
 
 
 def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], int]:

@@ -14,6 +14,10 @@ of the request's); the view as the positions of the request's own messages
 it forwards, the summary messages copied for each request; and a prefetch
 that found no summary to make. One entry of each per session, least
 recently used first out, bounded by sessions and by bytes.
+
+A session under any other policy (trim, passthrough) keeps its last decision
+in the same slot (``Rewriter.decide``): its key names the policy and holds the
+messages' hashes and counts, so it never equals a summary plan's.
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ from policies.types import (
     TrimSpec,
 )
 from proxy.context.model_info import context_window
+from proxy.context.plan_memo import PlanMemo, PlannedView
 from proxy.context.tokens import counter_for
 from proxy.errors import ContextLengthExceeded
+from proxy.store.base import SessionRef
 
 
 def reserved_for_answer(body: Mapping[str, Any]) -> int:
@@ -72,17 +74,44 @@ class Rewriter:
         keys: Sequence[str] | None = None,
         *,
         counts: Sequence[int] | None = None,
+        memo: PlanMemo | None = None,
+        ref: SessionRef | None = None,
     ) -> Decision:
         """The policy's decision for one request.
 
         ``keys``: content hashes of ``messages`` when the caller has them
         (sessions do), so token counts are looked up without hashing again;
         ``counts``: the counts themselves, when the caller has those too.
+        ``memo`` and ``ref``: the session's last decision is reused when this
+        request is the same again (a resent history, a retry): the decision is a
+        pure function of the messages (their hashes), their counts, the spec, the
+        budget and the model, so an equal key is an equal decision.
         """
         spec = self._policies[policy]
         count = self.counter(messages, model, keys, counts)
         tokens = conversation_tokens(spec, messages, count)
         budget, factor = self.budget(spec, body, model, tokens=tokens)
+        if memo is None or ref is None or keys is None or counts is None:
+            return self._decide(messages, spec, count, budget, factor)
+        # Compared, never hashed; the spec is the same object from request to request.
+        key = ("decide", policy, spec, model, budget, factor, tuple(keys), tuple(counts))
+        view = memo.view(ref, key)
+        if view is not None:
+            return view.decision_for(messages)
+        decision = self._decide(messages, spec, count, budget, factor)
+        planned = PlannedView.of(decision, messages, "", None)
+        if planned is not None:
+            memo.remember_view(ref, key, planned)
+        return decision
+
+    def _decide(
+        self,
+        messages: Sequence[Message],
+        spec: PolicySpec,
+        count: CountFn,
+        budget: Budget,
+        factor: float,
+    ) -> Decision:
         try:
             decision = apply(messages, spec, count, budget)
         except ContextTooLong as exc:

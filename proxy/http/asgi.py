@@ -13,7 +13,9 @@ Starlette's task group would, and the response ends without an error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -47,10 +49,65 @@ async def respond(response: Response, receive: Receive, send: Send) -> None:
     else:
         start = {"type": "http.response.start", "status": response.status_code}
         start["headers"] = response.raw_headers
-        await send(start)
-        await send({"type": "http.response.body", "body": response.body})
+        # Head and body in one write.
+        with _gathered(receive):
+            await send(start)
+            await send({"type": "http.response.body", "body": response.body})
     if response.background is not None:
         await response.background()
+
+
+class _Gathered:
+    """A transport stand-in that keeps what is written, for one vectored write later:
+    at ``flush``, and (``loop`` given) at the loop's next turn, so what is sent in one
+    run of the task (a stream's head and the chunks already at hand) goes out together,
+    and nothing waits past the task's next pause."""
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.transport = transport
+        self.parts: list[bytes] = []
+        self._loop = loop
+        self._due = False
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+        if self._loop is not None and not self._due:
+            self._due = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._due = False
+        parts, self.parts = self.parts, []
+        if parts and not self.transport.is_closing():
+            # One vectored write (uvloop: one writev), the body not copied.
+            self.transport.writelines(parts)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+@contextlib.contextmanager
+def _gathered(receive: Receive, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[None]:
+    """Fewer writes than uvicorn's one per message (a syscall, a segment and a wake-up of
+    the client each): the request cycle's transport (uvicorn's ``receive`` is its bound
+    method) is stood in for by a :class:`_Gathered` meanwhile, flushed at the end. Any
+    other server: sent as they come."""
+    cycle: Any = getattr(receive, "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None or not hasattr(transport, "writelines"):
+        yield
+        return
+    gathered = _Gathered(transport, loop)
+    cycle.transport = gathered
+    try:
+        yield
+    finally:
+        cycle.transport = transport
+        gathered.flush()
 
 
 async def _stream(response: StreamingResponse, receive: Receive, send: Send) -> None:
@@ -68,19 +125,23 @@ async def _stream(response: StreamingResponse, receive: Receive, send: Send) -> 
     waiter.add_done_callback(left)
     chunks = response.body_iterator
     try:
-        start = {"type": "http.response.start", "status": response.status_code}
-        start["headers"] = response.raw_headers
-        await send(start)
-        async for chunk in chunks:
-            data = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode()
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not state["gone"]:
-            raise
-        task.uncancel()
-    except OSError:
-        pass  # a server speaking ASGI 2.4+: send raises once the client is gone
+        # The head goes out with the first chunk when that is at hand already (as
+        # aiohttp's server sends it), else at the task's first pause: never held back.
+        with _gathered(receive, asyncio.get_running_loop()):
+            try:
+                start = {"type": "http.response.start", "status": response.status_code}
+                start["headers"] = response.raw_headers
+                await send(start)
+                async for chunk in chunks:
+                    data = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode()
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except asyncio.CancelledError:
+                if not state["gone"]:
+                    raise
+                task.uncancel()
+            except OSError:
+                pass  # a server speaking ASGI 2.4+: send raises once the client is gone
     finally:
         state["sending"] = False
         waiter.cancel()

@@ -27,11 +27,29 @@ class _Compiled:
         self.headers = [(n.lower(), _glob(p)) for n, p in route.match.headers.items()]
 
 
+# Matches remembered (path, model and the header values routes look at): client
+# input, so bounded; past the bound the memo starts again.
+_MEMO_ENTRIES = 1024
+
+
 class Router:
     def __init__(self, config: Config) -> None:
         self._routes = [_Compiled(route) for route in config.routes]
+        # The only header names any route matches on: a match depends on nothing else.
+        self._names = tuple(sorted({name for r in self._routes for name, _ in r.headers}))
+        self._memo: dict[tuple[str | None, ...], RouteConfig] = {}
 
     def match(self, path: str, model: str | None, headers: Mapping[str, str]) -> RouteConfig:
+        key = (path, model, *[headers.get(name) for name in self._names])
+        route = self._memo.get(key)
+        if route is None:
+            route = self._match(path, model, headers)
+            if len(self._memo) >= _MEMO_ENTRIES:
+                self._memo.clear()
+            self._memo[key] = route
+        return route
+
+    def _match(self, path: str, model: str | None, headers: Mapping[str, str]) -> RouteConfig:
         for r in self._routes:
             if r.path(path) is None:
                 continue

@@ -22,11 +22,11 @@ is about to write.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from proxy.store.base import SessionRef, path_hash
+from proxy.store.sized import SizedLRU
 
 
 class Chain(NamedTuple):
@@ -53,25 +53,25 @@ ITEM_BYTES = 160
 
 
 class ChainCache:
-    """Bounded by sessions and by the bytes held (ITEM_BYTES an item)."""
+    """Bounded by sessions and by the bytes held (ITEM_BYTES an item); with admission, so a
+    loop over more sessions than fit keeps hitting on a share of them (proxy/store/sized.py)."""
 
     def __init__(self, max_sessions: int = 1024, max_bytes: int = 16 * 2**20) -> None:
-        self.max_sessions = max_sessions
-        self.max_items = max(1, max_bytes // ITEM_BYTES)
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
-        self._chains: OrderedDict[tuple[str, str], Chain] = OrderedDict()
-        self._items = 0
+        self._chains: SizedLRU[tuple[str, str], Chain] = SizedLRU(
+            max_sessions, max_bytes, admission=True
+        )
 
     @property
     def size(self) -> int:
         """Bytes held (estimated)."""
-        return self._items * ITEM_BYTES
+        return self._chains.size
 
     def __len__(self) -> int:
         return len(self._chains)
 
     def get(self, session: SessionRef) -> Chain | None:
-        return self._chains.get((session.tenant, session.key))
+        return self._chains.peek((session.tenant, session.key))
 
     def prefix(self, session: SessionRef, content_hashes: Sequence[str]) -> Prefix:
         chain = self._chains.get((session.tenant, session.key))
@@ -99,23 +99,14 @@ class ChainCache:
     ) -> None:
         """Remember a chain a committed job stored (its ids as the job returned them)."""
         key = (session.tenant, session.key)
-        old = self._chains.pop(key, None)
-        if old is not None:
-            self._items -= len(old.item_ids)
-        if not item_ids or len(item_ids) > self.max_items:
+        if not item_ids:
+            self._chains.drop(key)
             return
-        self._chains[key] = Chain(
-            session_id, tuple(content_hashes), tuple(path_hashes), tuple(item_ids)
-        )
-        self._items += len(item_ids)
-        while self._items > self.max_items or len(self._chains) > self.max_sessions:
-            _, dropped = self._chains.popitem(last=False)
-            self._items -= len(dropped.item_ids)
+        chain = Chain(session_id, tuple(content_hashes), tuple(path_hashes), tuple(item_ids))
+        self._chains.put(key, chain, len(item_ids) * ITEM_BYTES)
 
     def forget(self, session: SessionRef) -> None:
-        old = self._chains.pop((session.tenant, session.key), None)
-        if old is not None:
-            self._items -= len(old.item_ids)
+        self._chains.drop((session.tenant, session.key))
 
 
 def _extend(paths: list[str], content_hashes: Sequence[str]) -> list[str]:

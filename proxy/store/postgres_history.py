@@ -65,7 +65,9 @@ class HistoryCache:
     """Bounded by sessions and by the bytes held (JSON length plus ITEM_BYTES an item)."""
 
     def __init__(self, max_sessions: int = 1024, max_bytes: int = 64 * 2**20) -> None:
-        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(max_sessions, max_bytes)
+        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
+            max_sessions, max_bytes, admission=True
+        )
 
     async def history(self, conn: Any, session: SessionRef) -> list[StoredItem]:
         key = (session.tenant, session.key)

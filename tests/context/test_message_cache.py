@@ -308,3 +308,23 @@ def test_a_resent_history_is_held_once_not_once_per_copy_parsed(edit):
         tracemalloc.stop()
     assert first > 200 * 2000
     assert held < 1.2 * first, (held, first)
+
+
+def test_a_loop_over_more_sessions_than_fit_still_hits_on_those_held(hashed):
+    """64 agents in turn over a cache that holds a share of them: that share is not
+    hashed again (a plain LRU evicted each session just before its next turn)."""
+    history = [user(f"{i} " + "h" * 1000) for i in range(20)]
+    one = sum(message_bytes(message_key(m), fresh(m)) for m in history)
+    cache = MessageCache(max_bytes=24 * one)  # ~22 sessions, less the uses' reserve
+    refs = [SessionRef("t", f"agent-{i}") for i in range(64)]
+    for _ in range(3):
+        for ref in refs:
+            cache.messages(ref, orjson.loads(orjson.dumps(history)), GPT4O)
+    held = len(cache)
+    assert 10 <= held < 64
+    hashed.clear()
+    for ref in refs:
+        got = cache.messages(ref, orjson.loads(orjson.dumps(history)), GPT4O)
+        assert_exact(got, history)  # held or not, exactly what hashing afresh gives
+    assert len(hashed) == (64 - held) * len(history)
+    assert cache.size <= cache.max_bytes

@@ -46,3 +46,39 @@ def test_turns_dropped_within_the_budget_leave_recall_what_the_policy_left():
     assert decision.dropped
     room = decision.extra["recall_budget"]
     assert 0 < room <= 500 and decision.tokens_after + room <= 1000
+
+
+def test_a_session_resending_its_request_gets_the_same_decision_from_the_memo():
+    import copy
+
+    from proxy.context.plan_memo import PlanMemo
+    from proxy.context.tokens import counter_for
+    from proxy.http.sessions import content_hash
+    from proxy.store.base import SessionRef
+
+    memo, ref = PlanMemo(), SessionRef("t", "s")
+    rw = rewriter()
+    counter = counter_for("gpt-4o")
+
+    def decide(messages: list[dict[str, Any]], body: dict[str, Any], policy: str = "plain") -> Any:
+        keys = [content_hash(m) for m in messages]
+        counts = [counter.count_message(m) for m in messages]
+        return rw.decide(policy, messages, body, "gpt-4o", keys, counts=counts, memo=memo, ref=ref)
+
+    decided = []
+    real = rw._decide
+    rw._decide = lambda *a: decided.append(1) or real(*a)  # type: ignore[method-assign]
+    messages = chat(20, 40)
+    first = decide(messages, {})
+    again = copy.deepcopy(messages)  # the same history, resent: new objects
+    second = decide(again, {})
+    assert len(decided) == 1  # the second from the memo
+    assert second == rw.decide("plain", again, {}, "gpt-4o") and second.dropped
+    assert all(any(m is a for a in again) for m in second.messages)  # this request's own
+    assert first.messages == second.messages and first.messages[0] is not second.messages[0]
+    # Anything the decision depends on, changed: decided anew.
+    grown = [*again, {"role": "assistant", "content": "word " * 300}, *again[-1:]]
+    assert decide(grown, {}) == rw.decide("plain", grown, {}, "gpt-4o")
+    fixed = {"tools": [{"type": "function", "function": {"name": "f" * 400}}]}
+    assert decide(again, fixed) == rw.decide("plain", again, fixed, "gpt-4o")
+    assert decide(again, {}, "p") == rw.decide("p", again, {}, "gpt-4o")

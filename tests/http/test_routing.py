@@ -77,3 +77,27 @@ def test_the_first_route_matching_by_fnmatch_is_chosen(specs, path, model, app):
             router.match(path, model, {"x-app": app})
     else:
         assert router.match(path, model, {"x-app": app}).name == f"routes[{expected}]"
+
+
+def test_a_remembered_match_answers_as_matching_again_would():
+    routes = [
+        {"match": {"path": "/v1/chat/completions", "headers": {"X-App": "sup*"}}, "upstream": "u"},
+        {"match": {"path": "/v1/chat/completions", "model": "gpt-4*"}, "upstream": "u"},
+        {"match": {"path": "/v1/*"}, "upstream": "u"},
+    ]
+    router = Router(config(routes))
+    cases = [
+        ("/v1/chat/completions", "gpt-4o", {"x-app": "support"}),
+        ("/v1/chat/completions", "gpt-4o", {"x-app": "agents", "x-other": "support"}),
+        ("/v1/chat/completions", "claude-3", {}),
+        ("/v1/chat/completions", None, {"x-app": ""}),
+        ("/v1/responses", "gpt-4o", {"x-app": "support"}),
+    ]
+    for _ in range(3):  # the first pass matches, the later ones are remembered
+        for path, model, headers in cases:
+            expected = reference(routes, path, model or "", headers)
+            if model is None and expected == 1:
+                expected = 2  # a model glob never matches a request without a model
+            assert router.match(path, model, headers).name == f"routes[{expected}]"
+    with pytest.raises(NotFound):
+        Router(config(routes[:1])).match("/v1/chat/completions", "gpt-4o", {})

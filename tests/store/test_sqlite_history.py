@@ -109,3 +109,31 @@ async def test_the_cache_is_bounded_by_its_bytes(tmp_path: Path):
             assert contents(got) == [f"q{n}", "a"]
     finally:
         await store.close()
+
+
+async def test_a_loop_over_more_sessions_than_fit_still_serves_some_from_memory(tmp_path: Path):
+    """Agents in turn over a cache that holds a share of them: those are served from
+    memory (one row read), the rest read afresh, and every read is right."""
+    store = SqliteStore(tmp_path / "loop.db")
+    store._histories.max_bytes = 200_000  # ~10 sessions of 20 items of ~700 bytes
+    await store.open()
+    try:
+        refs = [SessionRef("t", f"agent-{n}") for n in range(24)]
+        for ref in refs:
+            turns = [msg("user", f"{ref.key} {i} " + "x" * 100) for i in range(19)]
+            await store.record_exchange(ref, turns, msg("assistant", "a"), req())
+        for _ in range(3):
+            for ref in refs:
+                await store.history(ref, shared=True)
+        held = len(store._histories)
+        assert 5 <= held < len(refs)
+        counts = rows_read(store)
+        for ref in refs:
+            got = await store.history(ref, shared=True)
+            assert contents(got)[-2:] == [f"{ref.key} 18 " + "x" * 100, "a"] and len(got) == 20
+        # The sessions held answered with the session's row alone; a plain LRU
+        # would have evicted each just before its next read (every read whole).
+        assert counts.count(1) == held
+        assert store._histories.size <= 200_000
+    finally:
+        await store.close()
