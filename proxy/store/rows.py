@@ -62,15 +62,22 @@ def item_from_row(row: Any) -> StoredItem:
     message = orjson.loads(columns.pop("message_json"))
     # SQLite's chain position column (migration 7) is the recall index's, not the item's.
     columns.pop("pos", None)
-    # A few distinct values on thousands of items a history cache may hold: one
-    # string each (interned) instead of one per item, for the column and the message.
-    # SQLite keeps no role where the message has its own (proxy/store/sqlite_items.py).
-    role = columns["role"]
-    role = columns["role"] = sys.intern(message["role"] if role is None else role)
+    columns["role"] = shared_role(columns["role"], message)
     columns["status"] = sys.intern(columns["status"])
+    return StoredItem(**columns, message=message)
+
+
+def shared_role(column: str | None, message: dict[str, Any]) -> str:
+    """An item's role from its row, as one string shared by the column and the message.
+
+    A few distinct values on thousands of items a history cache may hold: one
+    string each (interned) instead of one per item. SQLite keeps no role where
+    the message has its own (``None``: proxy/store/sqlite_items.py).
+    """
+    role = sys.intern(message["role"] if column is None else column)
     if message.get("role") == role:
         message["role"] = role
-    return StoredItem(**columns, message=message)
+    return role
 
 
 def request_from_row(row: Any) -> dict[str, Any]:

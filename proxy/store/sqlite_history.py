@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from proxy.store.base import SessionRef, StoredItem
+from proxy.store.rows import shared_role
 from proxy.store.sized import SizedLRU
 from proxy.store.sqlite_items import ITEM_COLUMNS
 
@@ -135,13 +136,7 @@ def _item(row: Any) -> tuple[StoredItem, int]:
     """
     data = row[10]
     message = orjson.loads(data)
-    # A few distinct values on thousands of items: one string each (interned),
-    # for the column and the message (as proxy/store/rows.py's item_from_row).
-    # SQLite keeps no role where the message has its own (proxy/store/sqlite_items.py).
-    role = row[7]
-    role = sys.intern(message["role"] if role is None else role)
-    if message.get("role") == role:
-        message["role"] = role
+    role = shared_role(row[7], message)
     item = StoredItem(
         row[2], row[3], row[4], row[5], row[6], role, row[8], message, sys.intern(row[9]), row[11]
     )
