@@ -10,9 +10,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 # The runtime lock first (its layer is cached until the lock changes): exactly the
-# versions `make serve` runs, each checked against its hash; then the project alone.
-COPY requirements.lock ./
-RUN pip install --require-hashes -r requirements.lock
+# versions `make serve` runs (pip itself first), each checked against its hash; then the project alone.
+COPY requirements-pip.lock requirements.lock ./
+RUN pip install --require-hashes -r requirements-pip.lock \
+    && pip install --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY policies ./policies

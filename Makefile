@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 DEV := $(VENV)/.dev-installed
+PIP := $(VENV)/.pip-installed
 # The resolver behind `make lock` (uv's pip-compatible compile), itself pinned.
 UV_VERSION := 0.13.9
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
@@ -17,13 +18,19 @@ LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# pip first, pinned with its hash: the one a new venv starts with varies by machine
+# and an old one misreads the locks (requirements-pip.lock says how).
+$(PIP): requirements-pip.lock | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-pip.lock
+	touch $@
+
 # The project itself goes in without dependencies: the lock brought them all.
-$(RUNTIME): requirements.lock pyproject.toml | $(BIN)/python
+$(RUNTIME): requirements.lock pyproject.toml $(PIP)
 	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-$(DEV): requirements-dev.lock pyproject.toml | $(BIN)/python
+$(DEV): requirements-dev.lock pyproject.toml $(PIP)
 	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(RUNTIME) $@

@@ -36,7 +36,9 @@ def project() -> dict[str, list[str]]:
     return {"runtime": data["dependencies"], "dev": data["optional-dependencies"]["dev"]}
 
 
-@pytest.mark.parametrize("lock", ["requirements.lock", "requirements-dev.lock"])
+@pytest.mark.parametrize(
+    "lock", ["requirements.lock", "requirements-dev.lock", "requirements-pip.lock"]
+)
 def test_every_pin_carries_hashes(lock):
     blocks = re.split(r"\n(?=[A-Za-z0-9])", (REPO / lock).read_text())
     for block in blocks:
@@ -75,6 +77,10 @@ def test_make_serve_installs_the_runtime_lock_and_make_test_the_dev_lock():
     make = (REPO / "Makefile").read_text()
     assert "pip install --quiet --require-hashes -r requirements.lock" in make
     assert "pip install --quiet --require-hashes -r requirements-dev.lock" in make
+    # pip itself is pinned and installed before either lock (an old pip misreads extras).
+    assert "pip install --quiet --require-hashes -r requirements-pip.lock" in make
+    assert re.search(r"^\$\(RUNTIME\): requirements.lock pyproject.toml \$\(PIP\)$", make, re.M)
+    assert re.search(r"^\$\(DEV\): requirements-dev.lock pyproject.toml \$\(PIP\)$", make, re.M)
     assert re.search(r"^serve: \$\(RUNTIME\)$", make, re.M)
     assert re.search(r"^test: \$\(DEV\) lint$", make, re.M)
     assert re.search(r"^lock:", make, re.M)
@@ -83,6 +89,7 @@ def test_make_serve_installs_the_runtime_lock_and_make_test_the_dev_lock():
 
 def test_the_dockerfile_installs_the_runtime_lock_and_keeps_the_store_on_its_volume():
     docker = (REPO / "Dockerfile").read_text()
+    assert "pip install --require-hashes -r requirements-pip.lock" in docker
     assert "pip install --require-hashes -r requirements.lock" in docker
     assert "pip install --no-deps ." in docker
     # Its sed points the example's relative store.path at the volume: the line must exist.
