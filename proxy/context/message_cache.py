@@ -178,14 +178,17 @@ class MessageCache:
         out: list[MessageIn]
         if None in found:
             n = len(items)
-            out = [
+            # The leading messages known as they are (a list copy in C), then the rest.
+            first = found.index(None)
+            out = found[:first]  # type: ignore[assignment]  # no None before ``first``
+            out.extend(
                 m
                 if m is not None
                 else _from_item(items[i], counter)
                 if i < n
                 else _message_in(messages[i], counter)
-                for i, m in enumerate(found)
-            ]
+                for i, m in enumerate(found[first:], first)
+            )
         else:
             out = found  # type: ignore[assignment]  # no None in it
         self._remember(ref, how, lookup, out)
@@ -206,10 +209,16 @@ class MessageCache:
             size = lookup.base + sum(map(message_bytes, keys[n:], out[n:]))
             keys = old.keys[:n] + keys[n:]
         else:
-            size = sum(map(message_bytes, keys, out))
+            n = lookup.same if old is not None else 0
+            if old is not None and n:
+                # The leading messages kept are sized as they were: the entry's size
+                # less what followed them (only the messages after them are sized).
+                kept = old.size - sum(map(message_bytes, old.keys[n:], old.stored[n:]))
+                size = kept + sum(map(message_bytes, keys[n:], out[n:]))
+            else:
+                size = sum(map(message_bytes, keys, out))
             # The same for the leading messages kept, and for a message found by
             # key among the older ones (its key rebuilt over the kept strings).
-            n = lookup.same if old is not None else 0
             tail = [
                 message_key(m.message) if f is not None and isinstance(k, tuple) else k
                 for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
@@ -230,8 +239,14 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
     """
     old, stored = entry.keys, entry.stored
     resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
+    last = len(old) - 1
     if resent:  # the history resent: one comparison in C
         same = len(old)
+    elif last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
+        # All but the last: a ``history: server`` turn, whose new message of last
+        # time is a stored item now (keyed by its id), or a client's retry with
+        # its last message edited. Also one comparison in C.
+        same = last
     else:
         same = 0
         for new, previous in zip(keys, old, strict=False):
