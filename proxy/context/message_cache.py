@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from itertools import repeat
+from operator import is_
 from typing import Any, NamedTuple
 
 import orjson
@@ -176,10 +178,10 @@ class MessageCache:
             # Another model's tokenizer: the hashes hold, the counts do not.
             found = [_recount(m, counter) if m is not None else m for m in found]
         out: list[MessageIn]
-        if None in found:
+        first = _first_unknown(found)
+        if first >= 0:
             n = len(items)
             # The leading messages known as they are (a list copy in C), then the rest.
-            first = found.index(None)
             out = found[:first]  # type: ignore[assignment]  # no None before ``first``
             out.extend(
                 m
@@ -261,6 +263,16 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
         else:
             out.extend([None] * (len(keys) - same))
     return out, same
+
+
+def _first_unknown(found: list[MessageIn | None]) -> int:
+    """The position of the first None in ``found`` (-1: none).
+
+    By identity, in C: ``None in found`` compares with ``==``, which calls the
+    dataclass's ``__eq__`` (Python) once per message.
+    """
+    unknown = list(map(is_, found, repeat(None)))
+    return unknown.index(True) if True in unknown else -1
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
