@@ -49,6 +49,12 @@ def conversation_tokens(
     return sum(count(m) for m in messages)
 
 
+def _too_long(exc: ContextTooLong) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
+        f"{exc} Shorten the newest turn or raise the policy's budget.", param="messages"
+    )
+
+
 class Rewriter:
     def __init__(
         self,
@@ -113,50 +119,30 @@ class Rewriter:
         factor: float,
         costs: Sequence[int] | None = None,
     ) -> Decision:
+        retried = False
         try:
             decision = apply(messages, spec, count, budget, costs)
         except ContextTooLong as exc:
             if not budget.recall or budget.limit is None:
-                raise ContextLengthExceeded(
-                    f"{exc} Shorten the newest turn or raise the policy's budget.",
-                    param="messages",
-                ) from exc
+                raise _too_long(exc) from exc
             # Only the recall reserve made it too long: decide with the whole
             # budget, and recall gets what is left (often nothing).
             whole = budget.limit + budget.recall
-            whole_budget = Budget(whole, budget.fixed)
-            return self._decided(messages, spec, count, whole_budget, factor, costs)
-        room = recall_budget(budget, decision)
-        if factor != 1.0 or room:
+            try:
+                decision = apply(messages, spec, count, Budget(whole, budget.fixed), costs)
+            except ContextTooLong as again:
+                raise _too_long(again) from again
+            room, retried = max(0, whole - decision.tokens_after), True
+        else:
+            room = recall_budget(budget, decision)
+        if factor != 1.0 or room or retried:
             extra = dict(decision.extra)
             if factor != 1.0:
                 extra["calibration"] = factor
-            if room:
+            if room or retried:
                 extra["recall_budget"] = room
             decision = dataclasses.replace(decision, extra=extra)
         return decision
-
-    @staticmethod
-    def _decided(
-        messages: Sequence[Message],
-        spec: PolicySpec,
-        count: CountFn,
-        budget: Budget,
-        factor: float,
-        costs: Sequence[int] | None = None,
-    ) -> Decision:
-        try:
-            decision = apply(messages, spec, count, budget, costs)
-        except ContextTooLong as exc:
-            raise ContextLengthExceeded(
-                f"{exc} Shorten the newest turn or raise the policy's budget.",
-                param="messages",
-            ) from exc
-        assert budget.limit is not None  # the caller's whole budget
-        extra = {**decision.extra, "recall_budget": max(0, budget.limit - decision.tokens_after)}
-        if factor != 1.0:
-            extra["calibration"] = factor
-        return dataclasses.replace(decision, extra=extra)
 
     def spec(self, policy: str) -> PolicySpec:
         return self._policies[policy]
