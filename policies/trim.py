@@ -60,7 +60,7 @@ from policies.types import (
     Message,
     TrimSpec,
 )
-from policies.units import SYSTEM_ROLES, find_orphans, roles_of, without
+from policies.units import find_orphans, roles_of, where, where_system, without
 
 MARKER = "\n[... ctxproxy clipped {tokens} tokens of tool output ...]\n"
 
@@ -135,10 +135,10 @@ def trim(
     msgs = list(messages)
     roles = roles_of(msgs)
     layout = Layout(
-        system=[i for i, role in enumerate(roles) if role in SYSTEM_ROLES],
+        system=where_system(roles),
         orphans=find_orphans(msgs, roles),
-        starts=[i for i, role in enumerate(roles) if role == "user"],
-        clippable=[i for i, role in enumerate(roles) if role == "tool"],
+        starts=where(roles, "user"),
+        clippable=where(roles, "tool"),
     )
     masks = None
     if spec.mask_tool_outputs is not None:
