@@ -83,6 +83,27 @@ class SessionRef:
     key: str
 
 
+class Storable(Protocol):
+    """What a store reads of a conversation's message to record it: a
+    :class:`MessageIn`, or a :class:`StoredItem` (a ``history: server`` chain is
+    recorded as the items it is; nothing is copied for it)."""
+
+    @property
+    def message(self) -> dict[str, Any]: ...
+
+    @property
+    def content_hash(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def token_count(self) -> int | None: ...
+
+    @property
+    def status(self) -> str: ...
+
+
 # MessageIn and StoredItem have slots: the caches hold one per message of every
 # session they keep, and a __dict__ made each ~300 bytes larger.
 @dataclass(frozen=True, slots=True)
@@ -256,7 +277,7 @@ class Store(Protocol):
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -276,7 +297,7 @@ class Store(Protocol):
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -328,7 +349,7 @@ class Store(Protocol):
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -374,7 +395,7 @@ class Store(Protocol):
     # -- summaries ----------------------------------------------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         """Store a summary of the chain ``covered`` (root first), atomically.
 
