@@ -2,8 +2,8 @@
 
 Every write of the store is a *job*: a plain function over a ``sqlite3``
 connection. Jobs queue up while the previous transaction runs; the writer
-then runs all of them in one transaction, each inside its own SAVEPOINT, so
-one failing job rolls back only itself.
+then runs all of them in one transaction, and one failing job rolls back
+only itself (the batch runs again, each job in its own SAVEPOINT: see ``_commit``).
 
 Where they run: on the event loop's own thread. A request's job is a few
 tens of microseconds of SQLite plus its share of a commit (no fsync: WAL
