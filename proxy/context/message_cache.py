@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from itertools import repeat
+from operator import is_
 from typing import Any, NamedTuple
 
 import orjson
@@ -176,16 +178,19 @@ class MessageCache:
             # Another model's tokenizer: the hashes hold, the counts do not.
             found = [_recount(m, counter) if m is not None else m for m in found]
         out: list[MessageIn]
-        if None in found:
+        first = _first_unknown(found)
+        if first >= 0:
             n = len(items)
-            out = [
+            # The leading messages known as they are (a list copy in C), then the rest.
+            out = found[:first]  # type: ignore[assignment]  # no None before ``first``
+            out.extend(
                 m
                 if m is not None
                 else _from_item(items[i], counter)
                 if i < n
                 else _message_in(messages[i], counter)
-                for i, m in enumerate(found)
-            ]
+                for i, m in enumerate(found[first:], first)
+            )
         else:
             out = found  # type: ignore[assignment]  # no None in it
         self._remember(ref, how, lookup, out)
@@ -206,10 +211,16 @@ class MessageCache:
             size = lookup.base + sum(map(message_bytes, keys[n:], out[n:]))
             keys = old.keys[:n] + keys[n:]
         else:
-            size = sum(map(message_bytes, keys, out))
+            n = lookup.same if old is not None else 0
+            if old is not None and n:
+                # The leading messages kept are sized as they were: the entry's size
+                # less what followed them (only the messages after them are sized).
+                kept = old.size - sum(map(message_bytes, old.keys[n:], old.stored[n:]))
+                size = kept + sum(map(message_bytes, keys[n:], out[n:]))
+            else:
+                size = sum(map(message_bytes, keys, out))
             # The same for the leading messages kept, and for a message found by
             # key among the older ones (its key rebuilt over the kept strings).
-            n = lookup.same if old is not None else 0
             tail = [
                 message_key(m.message) if f is not None and isinstance(k, tuple) else k
                 for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
@@ -230,8 +241,14 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
     """
     old, stored = entry.keys, entry.stored
     resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
+    last = len(old) - 1
     if resent:  # the history resent: one comparison in C
         same = len(old)
+    elif last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
+        # All but the last: a ``history: server`` turn, whose new message of last
+        # time is a stored item now (keyed by its id), or a client's retry with
+        # its last message edited. Also one comparison in C.
+        same = last
     else:
         same = 0
         for new, previous in zip(keys, old, strict=False):
@@ -246,6 +263,16 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
         else:
             out.extend([None] * (len(keys) - same))
     return out, same
+
+
+def _first_unknown(found: list[MessageIn | None]) -> int:
+    """The position of the first None in ``found`` (-1: none).
+
+    By identity, in C: ``None in found`` compares with ``==``, which calls the
+    dataclass's ``__eq__`` (Python) once per message.
+    """
+    unknown = list(map(is_, found, repeat(None)))
+    return unknown.index(True) if True in unknown else -1
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
