@@ -192,7 +192,7 @@ class PostgresStore:
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         """The chain to the head, from this instance's cache once PostgreSQL says it is current."""
         async with self.pool.acquire() as conn:
-            return await self._histories.history(conn, session)
+            return await self._histories.history(conn, session, shared=shared)
 
     async def advance_fence(self, session: SessionRef, token: int) -> None:
         """A new holder of the session's lock: from now on, writes with older tokens are refused.
