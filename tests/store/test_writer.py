@@ -8,6 +8,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,15 +157,21 @@ async def test_a_lone_write_a_client_waits_for_does_not_linger_for_company(
     assert keys(db_path) == list("abcdef")
 
 
-async def test_a_linger_ends_once_a_batchs_worth_is_queued_and_on_close(
-    writer, db_path, monkeypatch
-):
+async def lingering_write(writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Session "b" queued right after "a" was written, lingering (60 s here)."""
     monkeypatch.setattr(writer_module, "_BUSY_S", 60.0)
     monkeypatch.setattr(writer_module, "_LINGER_S", 60.0)
     await writer.enqueue(insert_session("a"))
     lingering = writer.enqueue(insert_session("b"))
     await asyncio.sleep(0.05)
     assert not lingering.done() and writer.lingers == 1
+    return lingering
+
+
+async def test_a_linger_ends_once_a_batchs_worth_is_queued_and_on_close(
+    writer, db_path, monkeypatch
+):
+    lingering = await lingering_write(writer, monkeypatch)
     # Company enough: the batch goes without waiting out the linger.
     more = [writer.enqueue(insert_session(f"c{i}")) for i in range(writer_module._BATCH_TARGET)]
     await asyncio.wait_for(asyncio.gather(lingering, *more), 5)
@@ -176,12 +183,7 @@ async def test_a_linger_ends_once_a_batchs_worth_is_queued_and_on_close(
 
 
 async def test_a_job_a_client_waits_for_cuts_a_long_linger_short(writer, db_path, monkeypatch):
-    monkeypatch.setattr(writer_module, "_BUSY_S", 60.0)
-    monkeypatch.setattr(writer_module, "_LINGER_S", 60.0)
-    await writer.enqueue(insert_session("a"))
-    lingering = writer.enqueue(insert_session("b"))
-    await asyncio.sleep(0.05)
-    assert not lingering.done() and writer.lingers == 1
+    lingering = await lingering_write(writer, monkeypatch)
     # history: server or Responses: the client's answer waits for this commit.
     await asyncio.wait_for(writer.enqueue(insert_session("c"), urgent=True), 5)
     assert lingering.done() and keys(db_path) == ["a", "b", "c"]
