@@ -1,6 +1,6 @@
 """The SQLite store: WAL mode, reads on aiosqlite, writes group-committed by one writer.
 
-Each exchange is one atomic job (its own savepoint inside the writer's
+Each exchange is one atomic job (undone alone if it fails, inside the writer's
 transaction; see proxy/store/writer.py). Writers in other processes are
 serialised by SQLite itself (``BEGIN IMMEDIATE`` plus a busy timeout). Reads
 see only committed data, so they never observe half an exchange. The recall
@@ -31,6 +31,7 @@ from proxy.store.base import (
     ResponseIn,
     SessionInfo,
     SessionRef,
+    Storable,
     StoredItem,
     StoredResponse,
     StoredSummary,
@@ -190,7 +191,7 @@ class SqliteStore:
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -206,7 +207,7 @@ class SqliteStore:
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -220,7 +221,7 @@ class SqliteStore:
     def _record(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
         *,
@@ -292,7 +293,7 @@ class SqliteStore:
         return self._items.version(session)
 
     async def write(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        """One job on the store's writer, in its own savepoint (the vector index's writes)."""
+        """One job on the store's writer, atomic on its own (the vector index's writes)."""
         return await self._write(job)
 
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
@@ -380,7 +381,7 @@ class SqliteStore:
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -427,7 +428,7 @@ class SqliteStore:
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         """Store a summary and the items it covers atomically (see ``Store.save_summary``)."""
         job = functools.partial(
