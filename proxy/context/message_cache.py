@@ -14,9 +14,12 @@ of each message the session sent last time, with an exact key for each:
 - any other message by its JSON as the client sent it (orjson, no key
   sorting), copied to an exact-size buffer (orjson's own is allocated
   several times larger than the JSON). ``1``, ``1.0`` and ``true``
-  serialise differently, so an edited message is never taken for the old one;
-- an item a ``history: server`` session replays from the store by its item
-  id (items are never rewritten and ids never reused).
+  serialise differently, so an edited message is never taken for the old one.
+
+A ``history: server`` session does not come here: its stored items are
+their own identity (proxy/http/history_view.py counts them once), and
+holding their messages here kept alive text that the store's chain cache
+had let go, outside every budget.
 
 A key order that differs is a miss, as a differing JSON would be.
 
@@ -38,7 +41,7 @@ the messages, their keys and the objects around them): see
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import is_
 from typing import Any, NamedTuple
@@ -57,10 +60,7 @@ from proxy.store.sized import SizedLRU
 # (tool calls, content parts) holds more objects.
 PER_MESSAGE = 580
 PER_NESTED = 1100
-# A message replayed from the store (keyed by item id): the MessageIn and its slot.
-PER_ITEM = 200
-
-Key = tuple[str | None, ...] | bytes | int
+Key = tuple[str | None, ...] | bytes
 
 
 class _Entry(NamedTuple):
@@ -107,11 +107,8 @@ def message_bytes(key: Key | None, message: MessageIn) -> int:
     if isinstance(key, tuple):
         text = sum(len(v) for v in key[len(key) // 2 :] if v is not None)
         return text + PER_MESSAGE
-    if isinstance(key, bytes):
-        # The JSON copy, and the parsed message about as large.
-        return 2 * len(key) + PER_NESTED
-    # A stored item's: the message is the store's history cache's (shared), not counted twice.
-    return PER_ITEM
+    # The JSON copy, and the parsed message about as large.
+    return 2 * len(key) + PER_NESTED if key is not None else PER_NESTED
 
 
 class MessageCache:
@@ -143,11 +140,9 @@ class MessageCache:
         self,
         ref: SessionRef,
         messages: Sequence[dict[str, Any]],
-        items: Sequence[StoredItem] = (),
     ) -> Lookup:
-        """What is known of ``messages`` (the first ``len(items)`` being those stored items)."""
-        keys: list[Key | None] = [item.id for item in items]
-        keys.extend(message_key(m) for m in messages[len(items) :])
+        """What is known of ``messages``."""
+        keys: list[Key | None] = [message_key(m) for m in messages]
         entry = self._sessions.get((ref.tenant, ref.key))
         if entry is None:
             return Lookup(keys, [None] * len(keys), None)
@@ -162,16 +157,14 @@ class MessageCache:
         messages: Sequence[dict[str, Any]],
         counter: TokenCounter,
         *,
-        items: Sequence[StoredItem] = (),
         lookup: Lookup | None = None,
     ) -> list[MessageIn]:
         """Each message as the store takes it, counted by ``counter``; remembered for next time.
 
-        ``items``: the stored items the first messages are (``history: server``);
         ``lookup``: this call's :meth:`lookup`, when the caller made it first.
         """
         if lookup is None:
-            lookup = self.lookup(ref, messages, items)
+            lookup = self.lookup(ref, messages)
         how = (counter.encoding_name, counter.scale)
         found = lookup.found
         if lookup.how is not None and lookup.how != how:
@@ -180,15 +173,10 @@ class MessageCache:
         out: list[MessageIn]
         first = _first_unknown(found)
         if first >= 0:
-            n = len(items)
             # The leading messages known as they are (a list copy in C), then the rest.
             out = found[:first]  # type: ignore[assignment]  # no None before ``first``
             out.extend(
-                m
-                if m is not None
-                else _from_item(items[i], counter)
-                if i < n
-                else _message_in(messages[i], counter)
+                m if m is not None else message_in(messages[i], counter)
                 for i, m in enumerate(found[first:], first)
             )
         else:
@@ -280,7 +268,8 @@ def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
     return dataclasses.replace(message, token_count=count)
 
 
-def _message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
+def message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
+    """``message`` as the store takes it: hashed, and counted by ``counter``."""
     key = content_hash(message)
     return MessageIn(
         message=message,
@@ -290,13 +279,16 @@ def _message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
     )
 
 
-def _from_item(item: StoredItem, counter: TokenCounter) -> MessageIn:
-    """A stored item as the store takes it: its hash as stored; its count as cached, else stored."""
-    count = counter.cached_count(item.content_hash)
-    if count is None:
-        count = item.token_count
-    if count is None:
-        count = counter.count_message(item.message, item.content_hash)
-    return MessageIn(
-        message=item.message, content_hash=item.content_hash, role=item.role, token_count=count
-    )
+def item_counter(counter: TokenCounter) -> Callable[[StoredItem], int]:
+    """A stored item's count by ``counter``: as cached for its content, else as stored
+    with it (counted when stored), else counted now."""
+
+    def count(item: StoredItem) -> int:
+        n = counter.cached_count(item.content_hash)
+        if n is None:
+            n = item.token_count
+        if n is None:
+            n = counter.count_message(item.message, item.content_hash)
+        return n
+
+    return count
