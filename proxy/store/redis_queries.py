@@ -29,19 +29,8 @@ local head = redis.call('HGET', P .. 's:' .. sid, 'h') or ''
 local since = ''
 if sid == ARGV[4] then since = ARGV[5] end
 if head == '' or head == since then return {sid, head, '1'} end
-local ids, item, reached = {}, head, '0'
-local parents = P .. 'a:' .. sid
-while item and item ~= '' do
-  if item == since then reached = '1' break end
-  ids[#ids + 1] = item
-  item = redis.call('HGET', parents, item)
-end
-local out = {sid, head, reached}
-local items = P .. 'i:' .. sid
-for i = #ids, 1, -1 do
-  out[#out + 1] = ids[i]
-  out[#out + 1] = redis.call('HGET', items, ids[i])
-end
+local out, met = walk(sid, head, {sid, head, '0'}, since)
+if met then out[3] = '1' end
 return out
 """
 )
@@ -180,7 +169,7 @@ local ends = redis.call('HGET', P .. 'e:' .. sid, resp)
 if not ends then return {} end
 local head = string.match(ends, '^([^:]*)')
 if ARGV[4] == '2' then head = string.match(ends, ':(.*)$') end
-return walk(sid, head, {sid})
+return (walk(sid, head, {sid}))  -- its first value only: the chain
 """
 )
 
