@@ -7,7 +7,9 @@ about 200 tokens each (the 20-message, ~4k-token body of bench/overhead.py).
 - **Warm request CPU**: the server's CPU time per request (from /proc), for
   sessions of 20 and of 2,000 messages, with the history held by the client
   (the whole list resent every time) and with ``history: server`` (the client
-  sends one message), each with 10 and with 64 active sessions. A pass over
+  sends one message), each with 10 and with 64 active sessions; and, with 10
+  sessions, the Responses API continuing each turn's ``previous_response_id``
+  (the proxy replays the stored chain; no target in issue 16). A pass over
   a scenario's sessions warms it (not measured), then the next passes are
   measured; scenarios are interleaved round by round so drift on a shared
   machine hits all alike. The ratios are what count.
@@ -96,6 +98,7 @@ def config(path: Path, up_port: int, db: Path, cache: str | None = None) -> Path
                         **route,
                     },
                     {"match": {"path": "/v1/chat/completions"}, **route},
+                    {"match": {"path": "/v1/responses"}, **route},
                 ],
             }
         )
@@ -110,6 +113,9 @@ class Session:
     # What the client holds (client-held history) or has sent so far.
     messages: list[dict[str, Any]] = field(default_factory=list)
     turn: int = 0
+    # The Responses API: each turn continues the last answer's id.
+    responses: bool = False
+    previous: str | None = None
 
 
 class Proxy:
@@ -126,6 +132,7 @@ class Proxy:
             cwd=REPO,
         )
         self.url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
+        self.responses_url = f"http://127.0.0.1:{self.port}/v1/responses"
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
@@ -146,6 +153,18 @@ async def send(http: aiohttp.ClientSession, url: str, s: Session, *, seed: int =
     new = history(seed) if seed else []
     new.append({"role": "user", "content": f"{s.key} asks " + text(s.turn)})
     s.turn += 1
+    if s.responses:
+        body = {"model": "gpt-4o", "input": new, "previous_response_id": s.previous}
+        data = json.dumps(body).encode()
+        headers = {**HEADERS, "X-Session-Id": s.key}
+        async with http.post(
+            url.replace("/chat/completions", "/responses"), data=data, headers=headers
+        ) as r:
+            answer = await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {answer[:300]!r}")
+        s.previous = json.loads(answer)["id"]
+        return
     if s.server:
         body, headers = new, {**HEADERS, "X-Session-Id": s.key, "X-History": "server"}
     else:
@@ -173,10 +192,15 @@ async def cpu_phase(
     scenarios: dict[tuple[str, int, int], list[Session]] = {}
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        for mode in ("client", "server"):
+        for mode in ("client", "server", "responses"):
             for n in sizes:
-                for k in counts:
-                    sessions = [Session(f"{mode}-{n}-{k}-{i}", mode == "server") for i in range(k)]
+                for k in counts if mode != "responses" else counts[:1]:
+                    sessions = [
+                        Session(
+                            f"{mode}-{n}-{k}-{i}", mode == "server", responses=mode == "responses"
+                        )
+                        for i in range(k)
+                    ]
                     for s in sessions:
                         await send(http, proxy.url, s, seed=n - 1)
                     scenarios[(mode, n, k)] = sessions
@@ -317,6 +341,15 @@ def table(
                 f"<= {target:.0f}x",
             )
         )
+    ratio = med("responses", hi, few) / med("responses", lo, few)
+    rows.append(
+        (
+            f"warm CPU {hi} / {lo} items, responses (previous_response_id, {few} sessions)",
+            "",
+            f"{ratio:.1f}x ({med('responses', hi, few):.2f} / {med('responses', lo, few):.2f} ms)",
+            "-",
+        )
+    )
     for mode in ("client", "server"):
         ratio = med(mode, hi, many) / med(mode, hi, few)
         rows.append(

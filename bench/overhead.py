@@ -77,8 +77,19 @@ async def chat(request):
         await response.write(event)
     await response.write_eof()
     return response
+SEQ = [0]
+async def responses(request):
+    await request.read()
+    SEQ[0] += 1  # a new id for every answer, as an upstream gives
+    n = SEQ[0]
+    return web.Response(content_type="application/json", body=orjson.dumps({
+        "id": f"resp_{n}", "object": "response", "created_at": 1, "status": "completed",
+        "model": "gpt-4o", "output": [{"type": "message", "id": f"msg_{n}", "status": "completed",
+        "role": "assistant", "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
+        "usage": {"input_tokens": 4000, "output_tokens": 1, "total_tokens": 4001}}))
 app = web.Application(client_max_size=64 * 1024 * 1024)
 app.router.add_post("/v1/chat/completions", chat)
+app.router.add_post("/v1/responses", responses)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 """
 

@@ -11,6 +11,10 @@ of any chain through that item: when the session's chain holds it (the
 usual case, the response before is the session's last), that prefix is
 the answer; otherwise (a turn from an older response: a branch) the
 store walks it as before.
+
+The items are the cache's own (nothing is copied): the pipeline only reads
+them, and what reaches an upstream that could change it (litellm, behind
+the bridge) is a parse of the forwarded bytes of its own.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from proxy.store.base import SessionRef, Store, StoredItem, StoredResponse
 
 
 async def previous_chain(store: Store, previous: StoredResponse) -> list[StoredItem]:
-    """The items ``previous`` ends, root first (the caller's own copies)."""
+    """The items ``previous`` ends, root first (shared with the store's cache: read only)."""
     head = previous.head_item_id
     if head is not None:
-        chain = await store.history(SessionRef(previous.tenant, previous.session_key))
+        ref = SessionRef(previous.tenant, previous.session_key)
+        chain = await store.history(ref, shared=True)
         for end in range(len(chain) - 1, -1, -1):  # the response is usually the last
             if chain[end].id == head:
                 return chain[: end + 1]

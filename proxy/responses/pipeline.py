@@ -69,6 +69,7 @@ from proxy.store.base import (
     RequestRecord,
     ResponseIn,
     SessionRef,
+    Storable,
     StoredItem,
     StoredResponse,
 )
@@ -101,6 +102,7 @@ class ResponsesExchange(ChatExchange):
         self.previous: StoredResponse | None = None
         # How many leading items of the conversation came from the store.
         self.chain_len = 0
+        self.chain: list[StoredItem] = []
         self.item_hashes: list[str] = []
         self.replay: Replay | None = None
         self.response_id: str | None = None
@@ -133,6 +135,7 @@ class ResponsesExchange(ChatExchange):
         self.key = session_key(rt.config.session, self.request.headers, body)
         chain = await self._previous_chain(body.get("previous_response_id"))
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
+        self.chain = chain
         self.chain_len = len(chain)
         self.conversation = [stored.message for stored in chain] + items
         self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
@@ -192,7 +195,7 @@ class ResponsesExchange(ChatExchange):
         rt = self.rt
         assert self.route is not None and self.decision is not None  # plan() ran
         config = rt.config.upstreams[self.route.upstream]
-        forwarded, forwarded_json = self._forward(body)
+        forwarded, _ = self._forward(body)
         upstream: Upstream
         if config.responses == "bridge":
             from proxy.responses import bridge
@@ -211,7 +214,9 @@ class ResponsesExchange(ChatExchange):
                     self.request.headers.items(), config, rt.config.session.header
                 ),
                 body=forwarded,
-                json=forwarded_json if config.responses == "bridge" else None,
+                # The bridge's own parse: litellm may change what it is given, and
+                # replayed items are the store's cached ones.
+                json=orjson.loads(forwarded) if config.responses == "bridge" else None,
                 stream=self.stream,
             )
         )
@@ -366,10 +371,14 @@ class ResponsesExchange(ChatExchange):
         counter = ItemCounter(self.model or "")
         outputs = [o for o in answer.get("output") or () if isinstance(o, dict)]
         await counter.counter.precount(map(chat_view, outputs))
-        conversation = [
+        # The replayed chain as the items it is (stored already: nothing to count or
+        # hash again), then the request's own input.
+        n = self.chain_len
+        conversation: list[Storable] = [*self.chain]
+        conversation += (
             MessageIn(item, h, item_role(item), counter.count(item, h))
-            for item, h in zip(self.conversation, self.item_hashes, strict=True)
-        ]
+            for item, h in zip(self.conversation[n:], self.item_hashes[n:], strict=True)
+        )
         state = "incomplete" if record.incomplete else "complete"
         output = []
         for item in answer.get("output") or ():
@@ -399,7 +408,7 @@ class ResponsesExchange(ChatExchange):
     def _embed_items(
         self,
         ref: SessionRef,
-        conversation: list[MessageIn],
+        conversation: list[Storable],
         output: list[MessageIn],
         result: ExchangeResult,
     ) -> None:

@@ -438,6 +438,32 @@ def chain_path_hashes(content_hashes: Sequence[str]) -> list[str]:
     return out
 
 
+def chain_identity(chain: Sequence[Storable], session_id: int) -> tuple[list[str], list[int]]:
+    """The path hashes of ``chain``, and the ids of its leading items stored in the session.
+
+    A replayed chain (a ``previous_response_id``'s) starts with the session's
+    own stored items, root first, each the child of the one before: their path
+    hashes and ids are theirs, nothing to hash or look up; the rest are hashed
+    on from the last of them.
+    """
+    paths: list[str] = []
+    ids: list[int] = []
+    parent: int | None = None
+    for item in chain:
+        if type(item) is not StoredItem or item.session_id != session_id:
+            break
+        if item.parent_id != parent:
+            break
+        paths.append(item.path_hash)
+        ids.append(item.id)
+        parent = item.id
+    last = paths[-1] if paths else None
+    for item in chain[len(paths) :]:
+        last = path_hash(last, item.content_hash)
+        paths.append(last)
+    return paths, ids
+
+
 def dropped_item_ids(record: RequestRecord, item_ids: Sequence[int]) -> list[int]:
     """Rows no longer store these (see :func:`spans`): always empty for a new row.
 

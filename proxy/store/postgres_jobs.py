@@ -29,6 +29,7 @@ from proxy.store.base import (
     Storable,
     StoredSummary,
     SummaryIn,
+    chain_identity,
     chain_path_hashes,
 )
 from proxy.store.chains import Prefix
@@ -261,8 +262,8 @@ async def record_response(
     ids: list[int] = []
     missing: list[int] = []
     if chain:
-        hashes = chain_path_hashes([m.content_hash for m in chain])
-        ids, missing = await store_chain(conn, session_id, chain, hashes, now)
+        hashes, known = chain_identity(chain, session_id)
+        ids, missing = await store_chain(conn, session_id, chain, hashes, now, known_ids=known)
         await conn.execute(
             "UPDATE sessions SET head_item_id = $1 WHERE id = $2", ids[-1], session_id
         )

@@ -20,7 +20,7 @@ from proxy.store.base import (
     ResponseIn,
     SessionRef,
     Storable,
-    chain_path_hashes,
+    chain_identity,
 )
 from proxy.store.chains import Prefix
 from proxy.store.pruning import chain_up_sql, exclusive_suffix, references_sql
@@ -212,8 +212,8 @@ def record_response(
     ids: list[int] = []
     missing: list[int] = []
     if chain:
-        hashes = chain_path_hashes([m.content_hash for m in chain])
-        ids, missing = store_chain(conn, session_id, chain, hashes, now)
+        hashes, known = chain_identity(chain, session_id)
+        ids, missing = store_chain(conn, session_id, chain, hashes, now, known_ids=known)
         conn.execute("UPDATE sessions SET head_item_id = ? WHERE id = ?", (ids[-1], session_id))
     item_ids = ids[: len(conversation)]
     reply_id = ids[-1] if output else None

@@ -376,7 +376,8 @@ async def test_a_remapped_response_survives_the_deletion_of_its_first_session(
 async def test_a_previous_response_chain_is_the_sessions_or_its_prefix(store: Store) -> None:
     """``previous_chain`` (proxy/responses/chain.py) answers as the store's own walk
     does: the session's chain when the response is its last, its prefix for an
-    earlier one, the walk for a branch the session's head is not on."""
+    earlier one, the walk for a branch the session's head is not on (the items are
+    the store's cached ones, read only)."""
     await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
     base = [*FIRST_IN, *FIRST_OUT]
     await store.record_response(ALICE, [*base, user("a")], [said("A", 2)], resp("resp_a"), req())
@@ -391,6 +392,22 @@ async def test_a_previous_response_chain_is_the_sessions_or_its_prefix(store: St
         walked = await store.response_chain(ALICE.tenant, rid)
         assert [(i.id, i.parent_id) for i in got] == [(i.id, i.parent_id) for i in walked], rid
         assert raw(got) == raw(walked)
-        # The caller's own copies: the session's cached chain is not changed through them.
-        got[-1].message["content"] = "changed"
-    assert raw(await store.response_chain(ALICE.tenant, "resp_c"))[-1] == said("C", 4).message
+
+
+async def test_a_response_continuing_the_stored_items_themselves_adds_only_its_own(
+    store: Store,
+) -> None:
+    """The pipeline records a replayed chain as the stored items it is (no copies)."""
+    first = await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    previous = await store.get_response(ALICE.tenant, "resp_1")
+    assert previous is not None
+    chain = await previous_chain(store, previous)
+    second = await store.record_response(
+        ALICE, [*chain, user("and you?")], [said("fine", 2)], resp("resp_2", "resp_1"), req()
+    )
+
+    assert second.new_messages == 1
+    assert second.item_ids[:3] == [*first.item_ids, first.reply_id]
+    walked = await store.response_chain(ALICE.tenant, "resp_2")
+    assert raw(walked) == raw([*FIRST_IN, *FIRST_OUT, user("and you?"), said("fine", 2)])
+    assert [c.parent_id for c in walked[1:]] == [c.id for c in walked[:-1]]
