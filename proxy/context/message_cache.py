@@ -38,6 +38,7 @@ the messages, their keys and the objects around them): see
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -48,30 +49,54 @@ from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
 from proxy.store.sized import SizedLRU
 
-# What holding one message costs besides its text (the dict, its role string,
-# the MessageIn, the content hash string, the flat key, the two list slots):
-# 533 bytes measured with tracemalloc on CPython 3.11 (670 before MessageIn had
-# slots and keys were flat), so a little over; a message with nested values
-# (tool calls, content parts) holds more objects.
-PER_MESSAGE = 580
+# What holding one client-held message costs besides its text (the dict, the
+# MessageIn, the content hash string, its slots in the entry's four lists; the
+# role is one interned string, the key order a shared tuple): 410 bytes measured
+# with tracemalloc on CPython 3.11 (533 with a flat key of its own per message),
+# so a little over; a message with nested values (tool calls, content parts)
+# holds more objects.
+PER_MESSAGE = 440
 PER_NESTED = 1100
 # A message replayed from the store (keyed by item id): the MessageIn and its slot.
 PER_ITEM = 200
+# A ``history: server`` entry keeps each new message's flat key besides (tuple and slot).
+PER_KEY = 80
+# A key order not shared (the table of shared ones is full): its own tuple.
+PER_ORDER = 64
+# Distinct key orders shared by every entry (a few in practice: role/content,
+# role/content/name, tool results, tool calls...); past this many, a message
+# keeps its own.
+ORDERS = 4096
 
 Key = tuple[str | None, ...] | bytes | int
+# The keys of a message in order (``("role", "content")``).
+Order = tuple[str, ...]
+
+_orders: dict[Order, Order] = {}
 
 
 class _Entry(NamedTuple):
     # What the counts are for: the counter's encoding and scale.
     how: tuple[str, float]
-    keys: list[Key | None]
+    # Each message's key (``history: server`` entries); None for a client-held
+    # entry, whose keys are made from ``dicts`` when an edit needs them.
+    keys: list[Key | None] | None
     stored: list[MessageIn]
     size: int
+    # Client-held entries: the messages kept (``stored[i].message``), the order of
+    # each one's keys, and the positions of those not all strings with their
+    # JSON key (None: no key, never matched). What a resent history is compared
+    # with, in C (see _resent).
+    dicts: list[dict[str, Any]] | None = None
+    orders: list[Order] | None = None
+    nested: tuple[tuple[int, bytes | None], ...] = ()
 
 
 class Lookup(NamedTuple):
     """What the cache knows of a list of messages (see :meth:`MessageCache.lookup`)."""
 
+    # Each message's key; the first ``matched`` are None when the session's
+    # whole last list was resent (the entry's own are reused, none were made).
     keys: list[Key | None]
     # The message as stored before, or None where nothing is known.
     found: list[MessageIn | None]
@@ -82,6 +107,10 @@ class Lookup(NamedTuple):
     matched: int = 0
     # How many leading messages are the entry's, position by position.
     same: int = 0
+    # The positions where ``found`` is None, ascending (checked, hashed and counted anew).
+    unknown: Sequence[int] = ()
+    # The client-held entry whose whole list was resent (its lists are extended).
+    kept: _Entry | None = None
 
 
 def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | None:
@@ -101,7 +130,7 @@ def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | Non
 
 
 def message_bytes(key: Key | None, message: MessageIn) -> int:
-    """The bytes holding ``message`` and its key is estimated to take."""
+    """The bytes holding ``message`` (client-held) is estimated to take."""
     if isinstance(key, tuple):
         text = sum(len(v) for v in key[len(key) // 2 :] if v is not None)
         return text + PER_MESSAGE
@@ -110,6 +139,18 @@ def message_bytes(key: Key | None, message: MessageIn) -> int:
         return 2 * len(key) + PER_NESTED
     # A stored item's: the message is the store's history cache's (shared), not counted twice.
     return PER_ITEM
+
+
+def _order(message: dict[str, Any]) -> tuple[Order, int]:
+    """The message's key order, shared when it can be; the bytes it takes when not."""
+    order = tuple(message)
+    shared = _orders.get(order)
+    if shared is not None:
+        return shared, 0
+    if len(_orders) < ORDERS:
+        _orders[order] = order
+        return order, 0
+    return order, PER_ORDER
 
 
 class MessageCache:
@@ -144,15 +185,25 @@ class MessageCache:
         items: Sequence[StoredItem] = (),
     ) -> Lookup:
         """What is known of ``messages`` (the first ``len(items)`` being those stored items)."""
-        keys: list[Key | None] = [item.id for item in items]
-        keys.extend(message_key(m) for m in messages[len(items) :])
         entry = self._sessions.get((ref.tenant, ref.key))
+        if entry is not None and not items and entry.dicts is not None:
+            n = len(entry.dicts)
+            if len(messages) >= n and _resent(messages, entry):
+                # The client resent its whole last list: keys only for what follows.
+                keys: list[Key | None] = [None] * n
+                keys.extend(message_key(m) for m in messages[n:])
+                found: list[MessageIn | None] = [*entry.stored, *[None] * (len(messages) - n)]
+                unknown = range(n, len(messages))
+                return Lookup(keys, found, entry.how, entry.size, n, n, unknown, entry)
+        keys = [item.id for item in items]
+        keys.extend(message_key(m) for m in messages[len(items) :])
         if entry is None:
-            return Lookup(keys, [None] * len(keys), None)
+            return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
         found, same = _known(keys, entry)
-        if same == len(entry.keys):  # (no None in them: _known stops at one)
-            return Lookup(keys, found, entry.how, entry.size, same, same)
-        return Lookup(keys, found, entry.how, same=same)
+        unknown = [i for i, m in enumerate(found) if m is None]
+        if same == len(entry.stored):  # (no None in them: _known stops at one)
+            return Lookup(keys, found, entry.how, entry.size, same, same, unknown)
+        return Lookup(keys, found, entry.how, same=same, unknown=unknown)
 
     def messages(
         self,
@@ -175,27 +226,26 @@ class MessageCache:
         if lookup.how is not None and lookup.how != how:
             # Another model's tokenizer: the hashes hold, the counts do not.
             found = [_recount(m, counter) if m is not None else m for m in found]
-        out: list[MessageIn]
-        if None in found:
-            n = len(items)
-            out = [
-                m
-                if m is not None
-                else _from_item(items[i], counter)
-                if i < n
-                else _message_in(messages[i], counter)
-                for i, m in enumerate(found)
-            ]
-        else:
-            out = found  # type: ignore[assignment]  # no None in it
-        self._remember(ref, how, lookup, out)
+        out: list[MessageIn] = list(found)  # type: ignore[arg-type]  # its Nones filled in below
+        n = len(items)
+        for i in lookup.unknown:
+            out[i] = _from_item(items[i], counter) if i < n else _message_in(messages[i], counter)
+        self._remember(ref, how, lookup, out, bool(items))
         return out
 
     def _remember(
-        self, ref: SessionRef, how: tuple[str, float], lookup: Lookup, out: list[MessageIn]
+        self,
+        ref: SessionRef,
+        how: tuple[str, float],
+        lookup: Lookup,
+        out: list[MessageIn],
+        replayed: bool,
     ) -> None:
         slot = (ref.tenant, ref.key)
         old = self._sessions.peek(slot)
+        if not replayed:
+            self._remember_held(slot, how, lookup, out, old)
+            return
         keys = lookup.keys
         if lookup.base >= 0 and old is not None and old.size == lookup.base:
             # The list as kept, then what is new: only the new messages are sized.
@@ -203,10 +253,10 @@ class MessageCache:
             # with the copy just parsed, which would then be held as well as the
             # message kept (twice each message's text).
             n = lookup.matched
-            size = lookup.base + sum(map(message_bytes, keys[n:], out[n:]))
-            keys = old.keys[:n] + keys[n:]
+            size = lookup.base + sum(map(_replayed_bytes, keys[n:], out[n:]))
+            keys = _keys_of(old)[:n] + keys[n:]
         else:
-            size = sum(map(message_bytes, keys, out))
+            size = sum(map(_replayed_bytes, keys, out))
             # The same for the leading messages kept, and for a message found by
             # key among the older ones (its key rebuilt over the kept strings).
             n = lookup.same if old is not None else 0
@@ -214,11 +264,77 @@ class MessageCache:
                 message_key(m.message) if f is not None and isinstance(k, tuple) else k
                 for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
             ]
-            keys = old.keys[:n] + tail if old is not None else tail
+            keys = _keys_of(old)[:n] + tail if old is not None else tail
         self._sessions.put(slot, _Entry(how, keys, out, size), size)
+
+    def _remember_held(
+        self,
+        slot: tuple[str, str],
+        how: tuple[str, float],
+        lookup: Lookup,
+        out: list[MessageIn],
+        old: _Entry | None,
+    ) -> None:
+        """A client-held list: the messages kept (found ones are the entry's own objects)."""
+        keys = lookup.keys
+        n = 0
+        size = 0
+        dicts: list[dict[str, Any]] = []
+        orders: list[Order] = []
+        nested: list[tuple[int, bytes | None]] = []
+        if lookup.kept is not None and lookup.kept is old:
+            assert old.dicts is not None and old.orders is not None
+            # The list as kept, then what is new: only the new messages are sized.
+            n = lookup.matched
+            size = lookup.base
+            dicts = old.dicts[:n]
+            orders = old.orders[:n]
+            nested = [p for p in old.nested if p[0] < n]
+        for i in range(n, len(out)):
+            m = out[i]
+            key = keys[i]
+            order, extra = _order(m.message)
+            dicts.append(m.message)
+            orders.append(order)
+            if not isinstance(key, tuple):
+                nested.append((i, key))
+            size += message_bytes(key, m) + extra
+        entry = _Entry(how, None, out, size, dicts, orders, tuple(nested))
+        self._sessions.put(slot, entry, size)
 
     def forget(self, ref: SessionRef) -> None:
         self._sessions.drop((ref.tenant, ref.key))
+
+
+def _resent(messages: Sequence[dict[str, Any]], entry: _Entry) -> bool:
+    """Whether ``messages`` begin with the entry's whole list, exactly.
+
+    Two comparisons in C over the whole prefix: the messages as dicts (exact
+    where all values are strings or null: a string equals only a string, byte
+    for byte), and their keys' order; then, one by one, the JSON of those with
+    other values (``1``, ``1.0`` and ``true`` are equal in Python, not as JSON).
+    """
+    assert entry.dicts is not None and entry.orders is not None
+    head = messages[: len(entry.dicts)]
+    if head != entry.dicts or list(map(tuple, head)) != entry.orders:
+        return False
+    return all(key is not None and message_key(head[i]) == key for i, key in entry.nested)
+
+
+def _keys_of(entry: _Entry) -> list[Key | None]:
+    """Each message's key (a client-held entry's made over the kept strings)."""
+    if entry.keys is not None:
+        return entry.keys
+    assert entry.dicts is not None
+    keys: list[Key | None] = list(map(message_key, entry.dicts))
+    for i, key in entry.nested:
+        keys[i] = key
+    return keys
+
+
+def _replayed_bytes(key: Key | None, message: MessageIn) -> int:
+    """``message_bytes``, with the flat key a ``history: server`` entry keeps besides."""
+    return message_bytes(key, message) + (PER_KEY if isinstance(key, tuple) else 0)
 
 
 def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], int]:
@@ -228,7 +344,7 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
     Position by position while the keys are the same, then, if older messages
     remain, by key among those.
     """
-    old, stored = entry.keys, entry.stored
+    old, stored = _keys_of(entry), entry.stored
     resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
     if resent:  # the history resent: one comparison in C
         same = len(old)
@@ -255,10 +371,14 @@ def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
 
 def _message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
     key = content_hash(message)
+    role = message["role"]
+    if type(role) is str:
+        # One string for every message of a role, not one per message kept.
+        role = message["role"] = sys.intern(role)
     return MessageIn(
         message=message,
         content_hash=key,
-        role=str(message["role"]),
+        role=str(role),
         token_count=counter.count_message(message, key),
     )
 
