@@ -21,20 +21,26 @@ from policies.types import (
 
 
 def apply(
-    messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget
+    messages: Sequence[Message],
+    spec: PolicySpec,
+    count: CountFn,
+    budget: Budget,
+    costs: Sequence[int] | None = None,
 ) -> Decision:
     """The decision ``spec`` makes for ``messages``; raises ContextTooLong when it cannot fit.
 
     A spec with ``mask_tool_outputs`` decides over the masked view
     (:mod:`policies.mask`): same positions, old tool output as placeholders.
+    ``costs``: what ``count`` gives for each of ``messages``, when the caller has it.
     """
     # Trimming masks at its budget crossings itself (policies.trim.masked_replay).
     mask = spec.mask_tool_outputs if isinstance(spec, NoneSpec) else None
     if mask is not None:
         view = mask_tool_outputs(messages, mask, count)
         if view.masked:
+            # The view's placeholders cost less than the messages counted.
             return with_masks(_apply(view.messages, spec, count, budget), view)
-    return _apply(messages, spec, count, budget)
+    return _apply(messages, spec, count, budget, costs)
 
 
 def with_masks(decision: Decision, view: MaskView) -> Decision:
@@ -49,24 +55,33 @@ def with_masks(decision: Decision, view: MaskView) -> Decision:
 
 
 def _apply(
-    messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget
+    messages: Sequence[Message],
+    spec: PolicySpec,
+    count: CountFn,
+    budget: Budget,
+    costs: Sequence[int] | None = None,
 ) -> Decision:
     if isinstance(spec, TrimSpec):
-        return trim(messages, spec, count, budget)
+        return trim(messages, spec, count, budget, costs)
     if isinstance(spec, NoneSpec):
-        return passthrough(messages, count, budget)
+        return passthrough(messages, count, budget, costs)
     if isinstance(spec, SummarizeSpec):
         return summarize_stateless(messages, spec, count, budget)
     raise TypeError(f"unknown policy spec: {spec!r}")
 
 
-def passthrough(messages: Sequence[Message], count: CountFn, budget: Budget) -> Decision:
+def passthrough(
+    messages: Sequence[Message],
+    count: CountFn,
+    budget: Budget,
+    costs: Sequence[int] | None = None,
+) -> Decision:
     """Everything forwarded as it came: no drop, no repair, no budget check.
 
     Counted all the same, so what a conversation costs is known (and logged)
-    under every policy.
+    under every policy (``costs``: the counts, when the caller has them).
     """
-    tokens = sum(map(count, messages)) + budget.fixed
+    tokens = sum(map(count, messages) if costs is None else costs) + budget.fixed
     return Decision(
         messages=list(messages),
         kept=tuple(range(len(messages))),

@@ -43,7 +43,7 @@ from policies.types import (
     SummaryTask,
     TrimSpec,
 )
-from policies.units import SYSTEM_ROLES, find_orphans, roles_of, without
+from policies.units import find_orphans, roles_of, where, where_system, without
 
 SUMMARIZED = "summarized"
 # Tokens the pinned facts may take at most, and the summary message's framing.
@@ -110,9 +110,9 @@ def _shape(
 ) -> _Shape:
     msgs = list(messages)
     roles = roles_of(msgs)
-    system = [i for i, role in enumerate(roles) if role in SYSTEM_ROLES]
+    system = where_system(roles)
     orphans = find_orphans(msgs, roles)
-    bounds = [i for i, role in enumerate(roles) if role == "user"]
+    bounds = where(roles, "user")
     first_user = bounds[0] if bounds else len(msgs)
     skip = {*system, *orphans}
     if any(i not in skip for i in range(first_user)):

@@ -60,7 +60,7 @@ from policies.types import (
     Message,
     TrimSpec,
 )
-from policies.units import SYSTEM_ROLES, find_orphans, roles_of, without
+from policies.units import find_orphans, roles_of, where, where_system, without
 
 MARKER = "\n[... ctxproxy clipped {tokens} tokens of tool output ...]\n"
 
@@ -113,8 +113,17 @@ class Layout:
     clippable: Sequence[int]
 
 
-def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Budget) -> Decision:
+def trim(
+    messages: Sequence[Message],
+    spec: TrimSpec,
+    count: CountFn,
+    budget: Budget,
+    costs: Sequence[int] | None = None,
+) -> Decision:
     """Apply ``spec`` to ``messages``; see the module docstring for the rules.
+
+    ``costs``: what ``count`` gives for each of ``messages``, when the caller has it
+    (a session's counts are known): not asked for again, one message at a time.
 
     ``budget.limit`` is the token limit (see :func:`budget_limit`); when it is
     None, ``spec.max_tokens`` is used as is, so a caller without a budget still
@@ -126,15 +135,15 @@ def trim(messages: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Bu
     msgs = list(messages)
     roles = roles_of(msgs)
     layout = Layout(
-        system=[i for i, role in enumerate(roles) if role in SYSTEM_ROLES],
+        system=where_system(roles),
         orphans=find_orphans(msgs, roles),
-        starts=[i for i, role in enumerate(roles) if role == "user"],
-        clippable=[i for i, role in enumerate(roles) if role == "tool"],
+        starts=where(roles, "user"),
+        clippable=where(roles, "tool"),
     )
     masks = None
     if spec.mask_tool_outputs is not None:
         masks = mask_candidates(msgs, roles, spec.mask_tool_outputs, count)
-    return trim_units(msgs, layout, spec, count, budget, clip_tool_result, masks)
+    return trim_units(msgs, layout, spec, count, budget, clip_tool_result, masks, costs)
 
 
 def trim_units(
@@ -145,15 +154,19 @@ def trim_units(
     budget: Budget,
     clip: ClipFn,
     masks: Mapping[int, tuple[Message, int]] | None = None,
+    known: Sequence[int] | None = None,
 ) -> Decision:
     """:func:`trim` over any list whose units ``layout`` describes; ``clip`` shortens one.
 
     ``masks``: tool results that may be masked (index -> placeholder and its
-    count; see :func:`masked_replay`), with ``spec.mask_tool_outputs`` set.
+    count; see :func:`masked_replay`), with ``spec.mask_tool_outputs`` set;
+    ``known``: each element's count, when the caller has them.
     """
     msgs = list(elements)
     total_n = len(msgs)
-    costs = list(map(count, msgs))
+    costs = list(map(count, msgs)) if known is None else list(known)
+    if len(costs) != total_n:
+        raise ValueError(f"{len(costs)} counts for {total_n} elements")
     fixed = budget.fixed
     limit = budget.limit if budget.limit is not None else spec.max_tokens
     cap = spec.tool_output_max_tokens

@@ -27,7 +27,7 @@ from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body
 from proxy.http.sessions import session_key, session_ref
-from proxy.http.shape import check_chat, check_chat_envelope, check_chat_history, check_chat_message
+from proxy.http.shape import check_chat, check_chat_envelope, check_chat_message
 from proxy.runtime import Runtime
 from proxy.store.base import StoredItem
 from proxy.upstream.base import UpstreamRequest
@@ -109,7 +109,7 @@ class ChatExchange(ExchangeRelay):
             # Shared: the cached chain's own objects, only read here.
             stored = await rt.store.history(self.ref, shared=True)
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
-            left_out = check_chat_history(stored, self.ref.key)
+            left_out = rt.history_checks.left_out(self.ref, stored)
             self.conversation = [item.message for item in stored] + messages
 
         counter = counter_for(model)

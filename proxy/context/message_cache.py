@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import is_
 from typing import Any, NamedTuple
 
 import orjson
@@ -186,6 +188,7 @@ class MessageCache:
     ) -> Lookup:
         """What is known of ``messages`` (the first ``len(items)`` being those stored items)."""
         entry = self._sessions.get((ref.tenant, ref.key))
+        unknown: Sequence[int]
         if entry is not None and not items and entry.dicts is not None:
             n = len(entry.dicts)
             if len(messages) >= n and _resent(messages, entry):
@@ -200,7 +203,9 @@ class MessageCache:
         if entry is None:
             return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
         found, same = _known(keys, entry)
-        unknown = [i for i, m in enumerate(found) if m is None]
+        # By identity, in C: ``m is None`` per message (``None in found`` would call
+        # the dataclass's ``__eq__``, Python, once per message).
+        unknown = list(compress(range(len(found)), map(is_, found, repeat(None))))
         if same == len(entry.stored):  # (no None in them: _known stops at one)
             return Lookup(keys, found, entry.how, entry.size, same, same, unknown)
         return Lookup(keys, found, entry.how, same=same, unknown=unknown)
@@ -247,7 +252,12 @@ class MessageCache:
             self._remember_held(slot, how, lookup, out, old)
             return
         keys = lookup.keys
-        if lookup.base >= 0 and old is not None and old.size == lookup.base:
+        if (
+            lookup.base >= 0
+            and old is not None
+            and old.keys is not None
+            and old.size == lookup.base
+        ):
             # The list as kept, then what is new: only the new messages are sized.
             # The kept keys, not the ones just built: those share their strings
             # with the copy just parsed, which would then be held as well as the
@@ -256,10 +266,16 @@ class MessageCache:
             size = lookup.base + sum(map(_replayed_bytes, keys[n:], out[n:]))
             keys = _keys_of(old)[:n] + keys[n:]
         else:
-            size = sum(map(_replayed_bytes, keys, out))
+            n = lookup.same if old is not None else 0
+            if old is not None and old.keys is not None and n:
+                # The leading messages kept are sized as they were: the entry's size
+                # less what followed them (only the messages after them are sized).
+                kept = old.size - sum(map(_replayed_bytes, old.keys[n:], old.stored[n:]))
+                size = kept + sum(map(_replayed_bytes, keys[n:], out[n:]))
+            else:
+                size = sum(map(_replayed_bytes, keys, out))
             # The same for the leading messages kept, and for a message found by
             # key among the older ones (its key rebuilt over the kept strings).
-            n = lookup.same if old is not None else 0
             tail = [
                 message_key(m.message) if f is not None and isinstance(k, tuple) else k
                 for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
@@ -297,7 +313,7 @@ class MessageCache:
             dicts.append(m.message)
             orders.append(order)
             if not isinstance(key, tuple):
-                nested.append((i, key))
+                nested.append((i, None if isinstance(key, int) else key))
             size += message_bytes(key, m) + extra
         entry = _Entry(how, None, out, size, dicts, orders, tuple(nested))
         self._sessions.put(slot, entry, size)
@@ -332,6 +348,15 @@ def _keys_of(entry: _Entry) -> list[Key | None]:
     return keys
 
 
+def entry_bytes(entry: _Entry) -> int:
+    """What ``entry``'s messages are estimated to take, summed afresh (its size says the same)."""
+    if entry.keys is not None:
+        return sum(map(_replayed_bytes, entry.keys, entry.stored))
+    assert entry.orders is not None
+    own = sum(1 for order in entry.orders if _orders.get(order) is not order)
+    return sum(map(message_bytes, _keys_of(entry), entry.stored)) + own * PER_ORDER
+
+
 def _replayed_bytes(key: Key | None, message: MessageIn) -> int:
     """``message_bytes``, with the flat key a ``history: server`` entry keeps besides."""
     return message_bytes(key, message) + (PER_KEY if isinstance(key, tuple) else 0)
@@ -346,8 +371,14 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
     """
     old, stored = _keys_of(entry), entry.stored
     resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
+    last = len(old) - 1
     if resent:  # the history resent: one comparison in C
         same = len(old)
+    elif last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
+        # All but the last: a ``history: server`` turn, whose new message of last
+        # time is a stored item now (keyed by its id), or a client's retry with
+        # its last message edited. Also one comparison in C.
+        same = last
     else:
         same = 0
         for new, previous in zip(keys, old, strict=False):

@@ -26,6 +26,7 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 from policies.facts import facts_from_json
@@ -98,8 +99,16 @@ class PlannedView:
     ) -> PlannedView | None:
         if decision.clipped or decision.masked:
             return None
-        where = {id(m): i for i, m in enumerate(messages)}
-        template = tuple(where.get(id(m), m) for m in decision.messages)
+        kept, forwarded = decision.kept, decision.messages
+        template: tuple[int | Message, ...]
+        if len(kept) == len(forwarded) and all(
+            map(is_, forwarded, map(messages.__getitem__, kept))
+        ):
+            # The usual decision: the messages kept, as they are, in order (checked in C).
+            template = kept
+        else:
+            where = {id(m): i for i, m in enumerate(messages)}
+            template = tuple(where.get(id(m), m) for m in forwarded)
         return PlannedView(dataclasses.replace(decision, messages=[]), template, status, summary_id)
 
     def decision_for(self, messages: Sequence[Message]) -> Decision:

@@ -49,6 +49,12 @@ def conversation_tokens(
     return sum(count(m) for m in messages)
 
 
+def _too_long(exc: ContextTooLong) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
+        f"{exc} Shorten the newest turn or raise the policy's budget.", param="messages"
+    )
+
+
 class Rewriter:
     def __init__(
         self,
@@ -92,13 +98,13 @@ class Rewriter:
         tokens = conversation_tokens(spec, messages, count)
         budget, factor = self.budget(spec, body, model, tokens=tokens)
         if memo is None or ref is None or keys is None or counts is None:
-            return self._decide(messages, spec, count, budget, factor)
+            return self._decide(messages, spec, count, budget, factor, counts)
         # Compared, never hashed; the spec is the same object from request to request.
         key = ("decide", policy, spec, model, budget, factor, tuple(keys), tuple(counts))
         view = memo.view(ref, key)
         if view is not None:
             return view.decision_for(messages)
-        decision = self._decide(messages, spec, count, budget, factor)
+        decision = self._decide(messages, spec, count, budget, factor, counts)
         planned = PlannedView.of(decision, messages, "", None)
         if planned is not None:
             memo.remember_view(ref, key, planned)
@@ -111,45 +117,32 @@ class Rewriter:
         count: CountFn,
         budget: Budget,
         factor: float,
+        costs: Sequence[int] | None = None,
     ) -> Decision:
+        retried = False
         try:
-            decision = apply(messages, spec, count, budget)
+            decision = apply(messages, spec, count, budget, costs)
         except ContextTooLong as exc:
             if not budget.recall or budget.limit is None:
-                raise ContextLengthExceeded(
-                    f"{exc} Shorten the newest turn or raise the policy's budget.",
-                    param="messages",
-                ) from exc
+                raise _too_long(exc) from exc
             # Only the recall reserve made it too long: decide with the whole
             # budget, and recall gets what is left (often nothing).
             whole = budget.limit + budget.recall
-            return self._decided(messages, spec, count, Budget(whole, budget.fixed), factor)
-        room = recall_budget(budget, decision)
-        if factor != 1.0 or room:
+            try:
+                decision = apply(messages, spec, count, Budget(whole, budget.fixed), costs)
+            except ContextTooLong as again:
+                raise _too_long(again) from again
+            room, retried = max(0, whole - decision.tokens_after), True
+        else:
+            room = recall_budget(budget, decision)
+        if factor != 1.0 or room or retried:
             extra = dict(decision.extra)
             if factor != 1.0:
                 extra["calibration"] = factor
-            if room:
+            if room or retried:
                 extra["recall_budget"] = room
             decision = dataclasses.replace(decision, extra=extra)
         return decision
-
-    @staticmethod
-    def _decided(
-        messages: Sequence[Message], spec: PolicySpec, count: CountFn, budget: Budget, factor: float
-    ) -> Decision:
-        try:
-            decision = apply(messages, spec, count, budget)
-        except ContextTooLong as exc:
-            raise ContextLengthExceeded(
-                f"{exc} Shorten the newest turn or raise the policy's budget.",
-                param="messages",
-            ) from exc
-        assert budget.limit is not None  # the caller's whole budget
-        extra = {**decision.extra, "recall_budget": max(0, budget.limit - decision.tokens_after)}
-        if factor != 1.0:
-            extra["calibration"] = factor
-        return dataclasses.replace(decision, extra=extra)
 
     def spec(self, policy: str) -> PolicySpec:
         return self._policies[policy]
@@ -204,9 +197,15 @@ class Rewriter:
         given) and for any other message."""
         counter = counter_for(model)
         if counts is not None:
-            known = {id(m): n for m, n in zip(messages, counts, strict=True)}
+            if len(counts) != len(messages):
+                raise ValueError(f"{len(counts)} counts for {len(messages)} messages")
+            # Built on the first message counted one at a time: a policy given the
+            # counts as a list (``apply(..., costs)``) may never ask.
+            known: dict[int, int] = {}
 
             def counted(message: Message) -> int:
+                if not known:
+                    known.update(zip(map(id, messages), counts, strict=True))
                 n = known.get(id(message))
                 # Messages the policy made itself (clipped copies, summaries) are counted now.
                 return counter.count_message(message) if n is None else n

@@ -255,8 +255,10 @@ def check_responses(body: Mapping[str, Any]) -> None:
             _objects(item, "content", f"{at}.")
 
 
-def check_chat_history(history: Sequence[StoredItem], session: str) -> list[int]:
+def check_chat_history(history: Sequence[StoredItem], session: str, *, start: int = 0) -> list[int]:
     """A stored history a chat request can replay; the positions to leave out of it.
+
+    ``start``: the items before it are known to pass (checked by an earlier call).
 
     A session the Responses API wrote holds items (function calls, outputs,
     output messages with typed parts) that chat completions cannot take as
@@ -268,7 +270,8 @@ def check_chat_history(history: Sequence[StoredItem], session: str) -> list[int]
     stays stored, marked, and is left out of what is forwarded.
     """
     left_out: list[int] = []
-    for i, item in enumerate(history):
+    for i in range(start, len(history)):
+        item = history[i]
         message = item.message
         role = message.get("role")
         if "type" in message or not isinstance(role, str) or role not in ROLES:

@@ -426,8 +426,12 @@ def spans(positions: Iterable[int]) -> list[list[int]]:
     A policy drops the oldest turns in one or two runs, so a request row's
     size does not grow with the session's length.
     """
+    ordered = sorted(set(positions))
+    if ordered and ordered[-1] - ordered[0] == len(ordered) - 1:
+        # One run (the usual trim: the oldest turns): no walk over thousands of them.
+        return [[ordered[0], ordered[-1] + 1]]
     out: list[list[int]] = []
-    for p in sorted(set(positions)):
+    for p in ordered:
         if out and out[-1][1] == p:
             out[-1][1] = p + 1
         else:

@@ -18,6 +18,12 @@ an entry memoized under an old one is never matched again. Another process
 may still delete a session (``python -m proxy sessions delete``): the next
 exchange committed for it is to another session id, which gives a new
 version (as in proxy/store/summary_memo.py).
+
+Bounded as the memos over it are (1,024 sessions, least recently committed
+first out): a version outliving the recall memo's entry for its session
+serves nothing, and until this bound matched theirs (it was 4,096) the map
+kept growing past the sessions they hold (~300 bytes a session: its key,
+its id and two counters; bench/history.py, memory).
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ from collections.abc import Iterable
 
 from proxy.store.base import SessionRef
 
+# The sessions proxy/context/recall_memo.py memoizes (and the other per-session caches keep).
+SESSIONS = 1024
+
 
 class ItemVersions:
-    def __init__(self, max_sessions: int = 4096) -> None:
+    def __init__(self, max_sessions: int = SESSIONS) -> None:
         self.max_sessions = max_sessions
         # (tenant, key) -> (session id, the highest item id committed to it, its version)
         self._sessions: OrderedDict[tuple[str, str], tuple[int, int, int]] = OrderedDict()

@@ -1,6 +1,6 @@
 """The SQLite store: WAL mode, reads on aiosqlite, writes group-committed by one writer.
 
-Each exchange is one atomic job (its own savepoint inside the writer's
+Each exchange is one atomic job (undone alone if it fails, inside the writer's
 transaction; see proxy/store/writer.py). Writers in other processes are
 serialised by SQLite itself (``BEGIN IMMEDIATE`` plus a busy timeout). Reads
 see only committed data, so they never observe half an exchange. The recall
@@ -292,7 +292,7 @@ class SqliteStore:
         return self._items.version(session)
 
     async def write(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        """One job on the store's writer, in its own savepoint (the vector index's writes)."""
+        """One job on the store's writer, atomic on its own (the vector index's writes)."""
         return await self._write(job)
 
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:

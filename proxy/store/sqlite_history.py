@@ -23,8 +23,8 @@ the callers (their messages are parsed once): callers must not change them.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import orjson
@@ -32,10 +32,19 @@ import orjson
 from proxy.store.base import SessionRef, StoredItem
 from proxy.store.rows import shared_role
 from proxy.store.sized import SizedLRU
-from proxy.store.sqlite_items import ITEM_COLUMNS
+
+# The stored columns as they are (hashes as their 16 bytes or text, ``incomplete``
+# 0 or 1): turning them into strings in SQL (hex(), CASE) took about a third of a
+# long chain's read; Python does it per row in C (bytes.hex).
+RAW_COLUMNS = """items.id, items.session_id, items.parent_id, items.path_hash,
+    items.content_hash, items.kind, items.token_count, items.incomplete,
+    items.message_json, items.created_at"""
 
 # The session (id, head) and the chain from its head back to, not including,
 # the cached head (?3; 0: none), in one statement: always at least one row.
+# No ORDER BY: sorting every row with its JSON took another third. The walk
+# yields the chain head first (depth 0, 1, ...); the reader checks that order
+# (``_oldest_first``) and sorts only if it ever differs.
 HISTORY_SINCE = f"""
     WITH RECURSIVE s (sid, head) AS (
         SELECT id, head_item_id FROM sessions WHERE tenant = ? AND key = ?
@@ -46,10 +55,11 @@ HISTORY_SINCE = f"""
         SELECT items.parent_id, chain.depth + 1 FROM items JOIN chain ON items.id = chain.id
             WHERE items.parent_id IS NOT NULL AND items.parent_id <> ?3
     )
-    SELECT s.sid, s.head, {ITEM_COLUMNS}
+    SELECT s.sid, s.head, {RAW_COLUMNS}, chain.depth
     FROM s LEFT JOIN chain LEFT JOIN items ON items.id = chain.id
-    ORDER BY chain.depth DESC
 """
+DEPTH = 12
+STATUS = ("complete", "incomplete")
 
 # What an item costs held, besides its message's JSON length (the dict and its
 # strings are about the JSON's size; the StoredItem, its two hash strings, its
@@ -108,7 +118,7 @@ class SqliteHistoryCache:
         if entry is not None and entry.session_id == session_id and entry.head == head:
             self._entries.touch(key)
             return list(entry.items)
-        fetched = [_item(row) for row in rows if row[2] is not None]
+        fetched = [_item(row) for row in _oldest_first(rows)]
         added = sum(item_bytes(item, n) for item, n in fetched)
         new = tuple(item for item, _ in fetched)
         if (
@@ -127,6 +137,15 @@ class SqliteHistoryCache:
         self._entries.drop((session.tenant, session.key))
 
 
+def _oldest_first(rows: list[Any]) -> list[Any]:
+    """HISTORY_SINCE's item rows, root first (they come head first, by depth)."""
+    chain = [row for row in rows if row[2] is not None]
+    if [row[DEPTH] for row in chain] != list(range(len(chain))):
+        chain.sort(key=itemgetter(DEPTH))  # never seen: SQLite walks in order
+    chain.reverse()
+    return chain
+
+
 def _item(row: Any) -> tuple[StoredItem, int]:
     """A row of HISTORY_SINCE as an item, and its JSON's length.
 
@@ -137,7 +156,17 @@ def _item(row: Any) -> tuple[StoredItem, int]:
     data = row[10]
     message = orjson.loads(data)
     role = shared_role(row[7], message)
+    path, content = row[5], row[6]
     item = StoredItem(
-        row[2], row[3], row[4], row[5], row[6], role, row[8], message, sys.intern(row[9]), row[11]
+        row[2],
+        row[3],
+        row[4],
+        path.hex() if type(path) is bytes else path,
+        content.hex() if type(content) is bytes else content,
+        role,
+        row[8],
+        message,
+        STATUS[row[9]],
+        row[11],
     )
     return item, len(data)

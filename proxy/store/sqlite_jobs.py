@@ -2,7 +2,7 @@
 
 Each takes the writer's connection last, so :class:`~proxy.store.sqlite.SqliteStore`
 binds its arguments with ``functools.partial`` and hands the job to the writer;
-each exchange gets its own savepoint there (proxy/store/writer.py).
+a failing exchange is undone alone there (proxy/store/writer.py).
 """
 
 from __future__ import annotations

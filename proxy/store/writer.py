@@ -2,8 +2,8 @@
 
 Every write of the store is a *job*: a plain function over a ``sqlite3``
 connection. Jobs queue up while the previous transaction runs; the writer
-then runs all of them in one transaction, each inside its own SAVEPOINT, so
-one failing job rolls back only itself.
+then runs all of them in one transaction, and one failing job rolls back
+only itself (the batch runs again, each job in its own SAVEPOINT: see ``_commit``).
 
 Where they run: on the event loop's own thread. A request's job is a few
 tens of microseconds of SQLite plus its share of a commit (no fsync: WAL
@@ -33,7 +33,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from proxy.telemetry.logging import get_logger
 
@@ -272,7 +272,16 @@ class SqliteWriter:
     def _commit(
         conn: sqlite3.Connection | None, jobs: list[Job], *, fallback: bool = False
     ) -> list[Outcome] | None:
-        """All jobs in one transaction, each in its own savepoint.
+        """All jobs in one transaction; a job that fails is undone alone.
+
+        Every job first runs bare, no savepoint around it: a savepoint makes SQLite
+        keep a copy of each page the job changes (seven 16 KB pages for an exchange,
+        past the 64 KB after which it goes to a temporary file: a file created,
+        written and unlinked per commit). Should one fail, the transaction is rolled
+        back and the batch runs again, each job in its own savepoint, so only the
+        failing one is undone; a lone job's failure needs no second run. So a job
+        may run twice, its first run rolled back: jobs are plain functions of their
+        arguments and the connection.
 
         ``fallback``: return None, having done nothing, if another connection
         holds the write lock (the caller retries where waiting is harmless).
@@ -280,29 +289,70 @@ class SqliteWriter:
         if conn is None:
             error = RuntimeError("SqliteStore is not open")
             return [(False, error) for _ in jobs]
-        outcomes: list[Outcome] = []
+        begun = _begin(conn, jobs, fallback)
+        if begun is not True:
+            return begun
         try:
-            # IMMEDIATE: take the write lock up front, so a job's lookups and
-            # inserts see one state even with writers in other processes.
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            if fallback and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
-                return None
-            # Locked past busy_timeout, disk I/O error...: nothing was done.
-            return [(False, exc) for _ in jobs]
-        try:
+            results: list[Any] = []
             for job in jobs:
-                conn.execute("SAVEPOINT job")
-                try:
-                    outcomes.append((True, job(conn)))
-                except Exception as exc:  # the job's own failure goes to its caller, not the batch
-                    conn.execute("ROLLBACK TO job")
-                    outcomes.append((False, exc))
-                conn.execute("RELEASE job")
+                results.append(job(conn))
             conn.execute("COMMIT")
+            return [(True, result) for result in results]
         except sqlite3.Error as exc:
-            # COMMIT failed (disk full, I/O error...): nothing is kept.
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return [(False, exc) for _ in jobs]
-        return outcomes
+            if len(results) == len(jobs):
+                # COMMIT failed (disk full, I/O error...): nothing is kept.
+                _rollback(conn)
+                return [(False, exc) for _ in jobs]
+            failure: Exception = exc
+        except Exception as exc:  # a job's own failure goes to its caller, not the batch
+            failure = exc
+        _rollback(conn)
+        if len(jobs) == 1:
+            return [(False, failure)]
+        begun = _begin(conn, jobs, fallback)
+        if begun is not True:
+            return begun
+        return _commit_isolated(conn, jobs)
+
+
+def _begin(
+    conn: sqlite3.Connection, jobs: list[Job], fallback: bool
+) -> Literal[True] | list[Outcome] | None:
+    """BEGIN IMMEDIATE: True, or what the batch's outcome is when it cannot begin."""
+    try:
+        # IMMEDIATE: take the write lock up front, so a job's lookups and
+        # inserts see one state even with writers in other processes.
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        if fallback and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+            return None
+        # Locked past busy_timeout, disk I/O error...: nothing was done.
+        return [(False, exc) for _ in jobs]
+    return True
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # A failed statement may have ended the transaction already (SQLite rolls back on
+    # some errors, disk full among them).
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _commit_isolated(conn: sqlite3.Connection, jobs: list[Job]) -> list[Outcome]:
+    """In the transaction begun: each job in its own savepoint, then COMMIT."""
+    outcomes: list[Outcome] = []
+    try:
+        for job in jobs:
+            conn.execute("SAVEPOINT job")
+            try:
+                outcomes.append((True, job(conn)))
+            except Exception as exc:  # the job's own failure goes to its caller, not the batch
+                conn.execute("ROLLBACK TO job")
+                outcomes.append((False, exc))
+            conn.execute("RELEASE job")
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        # COMMIT failed (disk full, I/O error...): nothing is kept.
+        _rollback(conn)
+        return [(False, exc) for _ in jobs]
+    return outcomes

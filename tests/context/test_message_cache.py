@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import message_cache as message_cache_module
-from proxy.context.message_cache import MessageCache, message_bytes, message_key
+from proxy.context.message_cache import MessageCache, entry_bytes, message_bytes, message_key
 from proxy.context.tokens import TiktokenCounter, counter_for, load_encoding
 from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
@@ -328,3 +328,47 @@ def test_a_loop_over_more_sessions_than_fit_still_hits_on_those_held(hashed):
         assert_exact(got, history)  # held or not, exactly what hashing afresh gives
     assert len(hashed) == (64 - held) * len(history)
     assert cache.size <= cache.max_bytes
+
+
+def held_estimate(cache: MessageCache) -> tuple[int, int]:
+    """The size the cache's entry for ALICE says, and the sum of its messages' estimates."""
+    entry = cache._sessions.peek((ALICE.tenant, ALICE.key))
+    assert entry is not None
+    return entry.size, entry_bytes(entry)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(1, 3)), max_size=10))
+def test_the_size_kept_is_the_sum_of_what_is_held_turn_after_turn(turns):
+    """Server-held turns (the last new message now a stored item), edits, cuts and
+    client-held resends in any order: the entry's size is never off its messages'."""
+    cache = MessageCache()
+    chain: list[StoredItem] = []
+    sent: list[dict[str, Any]] = []
+    for server, cut, added in turns:
+        new = [user(f"turn {len(chain)} part {i}") for i in range(added)]
+        if server:
+            # history: server: the stored chain as items, then the new messages.
+            messages = [item.message for item in chain] + new
+            cache.messages(ALICE, messages, GPT4O, items=chain)
+            for message in [*new, assistant("ok")]:
+                i = len(chain) + 1
+                chain.append(
+                    StoredItem(
+                        i,
+                        1,
+                        i - 1 or None,
+                        "p",
+                        content_hash(message),
+                        "user",
+                        1,
+                        message,
+                        "complete",
+                        0.0,
+                    )
+                )
+        else:
+            sent = sent[: max(0, len(sent) - cut)] + new
+            cache.messages(ALICE, orjson.loads(orjson.dumps(sent)), GPT4O)
+        size, estimate = held_estimate(cache)
+        assert size == estimate

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import math
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.context.tokens import (
+    COUNT_BYTES,
     IMAGE_DEFAULT,
     IMAGE_LOW,
     PER_MESSAGE,
@@ -240,6 +244,38 @@ def test_the_count_cache_evicts_the_least_recently_used() -> None:
     assert cache.get((1, 1)) == 10  # now the most recent
     cache.put((3, 3), 30)
     assert cache.get((2, 2)) is None and cache.get((1, 1)) == 10 and len(cache) == 2
+
+
+def _content_key(i: int) -> object:
+    """A message's content hash (the session layer's key), held by nothing else."""
+    return hashlib.blake2b(b"message %d" % i, digest_size=16).hexdigest()
+
+
+def _json_key(i: int) -> object:
+    """The key of a message counted without a session: (its JSON's length, hash)."""
+    data = b'{"content":"message %d","role":"user"}' % i
+    return len(data), hash(data)
+
+
+# Entries just past the ordered dict's resizes (its tables at their emptiest), and between.
+@pytest.mark.parametrize("entries", [5_462, 21_846, 30_000, 43_700])
+@pytest.mark.parametrize("make_key", [_content_key, _json_key])
+def test_what_the_count_cache_holds_is_within_its_estimate(entries, make_key) -> None:
+    """COUNT_BYTES (what set_count_budget bounds the caches by) is not below what an
+    entry really takes (tracemalloc): keys the cache alone holds, counts over 256."""
+    cache = CountCache(maxsize=entries)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(entries):
+            cache.put(make_key(i), 1000 + i)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == entries
+    assert held <= entries * COUNT_BYTES, (held / entries, COUNT_BYTES)
 
 
 def test_importing_the_counter_does_not_import_litellm() -> None:

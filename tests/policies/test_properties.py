@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -395,3 +396,35 @@ def test_low_water_moves_the_cut_only_when_the_kept_suffix_overflows(
             )
             assert suffix + fixed > limit, (previous, first, end)
         previous = first
+
+
+@FAST
+@given(conversations(), specs, st.integers(0, 4000), st.integers(0, 50))
+def test_counts_given_as_a_list_decide_as_counting_one_by_one(
+    messages: list, spec: TrimSpec, limit: int, fixed: int
+) -> None:
+    """``apply(..., costs)`` (a session's counts, known) is the same decision as asking
+    ``count`` for each message, and only clipped copies are counted anew."""
+    asked: list[Message] = []
+
+    def count(message: Message) -> int:
+        asked.append(message)
+        return simple_count(message)
+
+    budget = Budget(limit=limit, fixed=fixed)
+    costs = [simple_count(m) for m in messages]
+    try:
+        expected = apply(messages, spec, simple_count, budget)
+    except ContextTooLong:
+        with pytest.raises(ContextTooLong):
+            apply(messages, spec, count, budget, costs)
+        return
+    got = apply(messages, spec, count, budget, costs)
+    assert (got.kept, got.clipped, got.tokens_before, got.tokens_after) == (
+        expected.kept,
+        expected.clipped,
+        expected.tokens_before,
+        expected.tokens_after,
+    )
+    assert got.messages == expected.messages
+    assert not any(any(a is m for m in messages) for a in asked)

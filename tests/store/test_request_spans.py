@@ -6,7 +6,7 @@ import itertools
 import sqlite3
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from proxy.store.base import positions, row_spans, spans
@@ -15,6 +15,9 @@ from tests.stores import ALICE, msg, req
 
 
 @given(st.lists(st.integers(min_value=0, max_value=300)))
+@example(list(range(5, 2000)))  # one run, the usual trim
+@example([*range(1, 900), *range(950, 2000), 1, 7])  # two runs, duplicates
+@example([3])
 def test_spans_hold_exactly_the_positions(values):
     got = spans(values)
     assert positions(got) == sorted(set(values))

@@ -137,3 +137,39 @@ async def test_a_loop_over_more_sessions_than_fit_still_serves_some_from_memory(
         assert store._histories.size <= 200_000
     finally:
         await store.close()
+
+
+async def test_a_chain_read_afresh_is_root_first_with_its_hashes_and_statuses(tmp_path: Path):
+    """Rows come head first, hashes as stored (16 bytes, or text): the items are as written."""
+    from proxy.store.base import path_hash
+    from proxy.store.sqlite_history import _oldest_first
+
+    cut = msg("assistant", "the answ", status="incomplete")
+    store = SqliteStore(tmp_path / "p.db")
+    await store.open()
+    try:
+        await store.record_exchange(ALICE, [SYSTEM, U1], cut, req())
+        await store.record_exchange(ALICE, [SYSTEM, U1, cut, U2], A2, req())
+        store._histories.forget(ALICE)  # read afresh: every row of the chain
+        items = await store.history(ALICE)
+    finally:
+        await store.close()
+    sent = [SYSTEM, U1, cut, U2, A2]
+    assert [i.message for i in items] == [m.message for m in sent]
+    # sha256 content hashes (64 digits) stay text; blake2b path hashes (32) come from bytes.
+    assert [i.content_hash for i in items] == [m.content_hash for m in sent]
+    parents: list[str | None] = [None, *(i.path_hash for i in items[:-1])]
+    assert [i.path_hash for i in items] == [
+        path_hash(parent, m.content_hash) for parent, m in zip(parents, sent, strict=True)
+    ]
+    assert [i.status for i in items] == [
+        "complete",
+        "complete",
+        "incomplete",
+        "complete",
+        "complete",
+    ]
+    assert [i.parent_id for i in items[1:]] == [i.id for i in items[:-1]]
+    # Rows out of depth order (never seen from SQLite) are still put root first.
+    shuffled = [(1, 5, i, *([None] * 9), depth) for i, depth in ((7, 1), (9, 0), (3, 2))]
+    assert [row[2] for row in _oldest_first(shuffled)] == [3, 7, 9]
