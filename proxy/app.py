@@ -22,6 +22,7 @@ from proxy.context.model_info import load_model_map, offline_environment
 from proxy.context.tokens import preload_encodings
 from proxy.coordination.setup import build_coordinator
 from proxy.errors import InvalidRequest, NotFound, ProxyError
+from proxy.heap import IdleTrim
 from proxy.http.asgi import Endpoint
 from proxy.http.body import error_response
 from proxy.http.client_keys import ClientKeyGuard
@@ -154,6 +155,12 @@ def create_app(
         runtime.start_embeddings()
         expiry = Expiry(runtime)
         expiry.start()
+        # The heap a burst of requests freed, handed back once the proxy is at rest.
+        idle_trim = IdleTrim(
+            lambda: sum(runtime.metrics.requests.values.values()),
+            lambda: runtime.in_flight > 0 or runtime.background.pending > 0,
+        )
+        idle_trim.start()
         reloader = Reloader(runtime, config.source)
         reloader.install()
         # proxy_started (with the address) comes once the socket is bound: proxy.ops.server.
@@ -170,6 +177,7 @@ def create_app(
             await warming  # a thread cannot be cancelled: let it finish (a second at most)
             reloader.uninstall()
             await expiry.stop()
+            await idle_trim.stop()
             await runtime.close()
 
     app = ProxyApp(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from proxy.telemetry.logging import get_logger
@@ -41,3 +42,25 @@ class Background:
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+class LoopTask:
+    """A coroutine function run as one named task from ``start`` until ``stop`` (the
+    app's periodic work: session expiry, the idle heap trim)."""
+
+    def __init__(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._name = name
+        self._run = run
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -17,7 +17,7 @@ from proxy.context.tokens import set_count_budget
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
 from proxy.coordination.local import LocalCoordinator
-from proxy.http.history_check import HistoryChecks
+from proxy.http.history_view import HistoryViews
 from proxy.http.routing import Router
 from proxy.store.backends import StoreSpec, build_store
 from proxy.store.base import CacheBudget, Store
@@ -91,8 +91,8 @@ class Runtime:
     calibration: Calibration = field(default_factory=Calibration)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
-    # Each session's stored chain as checked last (history: server checks only what is new).
-    history_checks: HistoryChecks = field(default_factory=HistoryChecks)
+    # Each session's stored chain as checked and counted last (history: server).
+    history_views: HistoryViews = field(default_factory=HistoryViews)
     # Each session's last forwarded list, for X-Context-Stable-Prefix.
     prefixes: StablePrefixes = field(default_factory=StablePrefixes)
     # Summaries made, awaited and prefetched; shared by every pinned view.

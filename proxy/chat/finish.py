@@ -17,7 +17,7 @@ from proxy.chat.record import ExchangeRecord
 from proxy.context.tokens import counter_for
 from proxy.errors import ProxyError
 from proxy.http.sessions import content_hash
-from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef
+from proxy.store.base import ExchangeResult, MessageIn, RequestRecord, SessionRef, Storable
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamResponse
 
@@ -112,7 +112,7 @@ class ExchangeFinish(ExchangeRecord):
     async def _write(
         self,
         ref: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         record: RequestRecord,
         upstream: UpstreamResponse | None,
@@ -133,7 +133,7 @@ class ExchangeFinish(ExchangeRecord):
     def _embed(
         self,
         ref: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         future: asyncio.Future[Any],
     ) -> None:

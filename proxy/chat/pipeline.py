@@ -22,6 +22,7 @@ from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.policy_step import choose_mode, mode_rule, summarize
 from proxy.chat.recall_step import recall_step, spec_recall
 from proxy.chat.relay import ExchangeRelay
+from proxy.context.message_cache import item_counter, message_in
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
@@ -109,7 +110,6 @@ class ChatExchange(ExchangeRelay):
             # Shared: the cached chain's own objects, only read here.
             stored = await rt.store.history(self.ref, shared=True)
             rt.metrics.store_seconds.observe(("history",), time.perf_counter() - started)
-            left_out = rt.history_checks.left_out(self.ref, stored)
             self.conversation = [item.message for item in stored] + messages
 
         counter = counter_for(model)
@@ -120,25 +120,35 @@ class ChatExchange(ExchangeRelay):
             if stored:
                 todo = messages
             await counter.precount(todo)
-        counts: list[int] | None = None
-        if self.ref is not None:
+        counts: list[int]
+        if self.ref is not None and server_history:
+            # The stored chain as it is (checked and counted only where new since
+            # the session's last turn), then the new messages, hashed and counted.
+            how = (counter.encoding_name, counter.scale)
+            view = rt.history_views.view(self.ref, stored, how, item_counter(counter))
+            left_out = view.left_out
+            fresh = [message_in(m, counter) for m in messages]
+            self.stored = [*stored, *fresh]
+            self.hashes = [m.content_hash for m in self.stored]
+            counts = view.counts
+            counts += (m.token_count or 0 for m in fresh)
+        elif self.ref is not None:
             # Each message's identity in the store (and the token cache's key) and
             # its token count; what the session sent before is not done again.
-            self.stored = rt.messages.messages(
-                self.ref, self.conversation, counter, items=stored, lookup=lookup
-            )
+            self.stored = rt.messages.messages(self.ref, self.conversation, counter, lookup=lookup)
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]
-            if left_out:
-                # Stored whole (self.stored), forwarded without the replies that were not one.
-                skip = set(left_out)
-                keep = [i for i in range(len(self.conversation)) if i not in skip]
-                self.conversation = [self.conversation[i] for i in keep]
-                self.hashes = [self.hashes[i] for i in keep]
-                counts = [counts[i] for i in keep]
         else:
             # Nothing to store: only the counts (each message hashed for the count cache).
             counts = counter.count_all(self.conversation)
+        if left_out:
+            assert self.hashes is not None
+            # Stored whole (self.stored), forwarded without the replies that were not one.
+            skip = set(left_out)
+            keep = [i for i in range(len(self.conversation)) if i not in skip]
+            self.conversation = [self.conversation[i] for i in keep]
+            self.hashes = [self.hashes[i] for i in keep]
+            counts = [counts[i] for i in keep]
         choice = choose_mode(self.route, self.conversation, self.headers)
         self.policy, self.mode = choice.policy, choice.mode
         self.mode_rule = mode_rule(self.route, choice)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -24,7 +24,7 @@ from proxy.context.summaries import SummaryContext, SummaryOutcome
 from proxy.http.client_keys import request_tenant
 from proxy.http.sessions import ANONYMOUS_TENANT, header_value
 from proxy.runtime import Runtime
-from proxy.store.base import MessageIn, SessionRef
+from proxy.store.base import SessionRef, Storable
 
 # Request ids: a random per-process prefix and a counter; unique without a
 # syscall per request (uuid4 reads the OS's random source every time).
@@ -65,7 +65,7 @@ class ExchangeState:
         self.raw = b""
         self.hashes: list[str] | None = None
         # The conversation as the store takes it (sessions only): hashes and token counts.
-        self.stored: list[MessageIn] | None = None
+        self.stored: Sequence[Storable] | None = None
         # The policy applied (a context mode may replace the route's), the mode,
         # and what became of the summary (summarize policies only).
         self.policy: str | None = None
@@ -132,5 +132,5 @@ class ExchangeState:
             self.locked = False
             self.rt.locks.release(self.ref)
 
-    def _stored_conversation(self) -> list[MessageIn]:
+    def _stored_conversation(self) -> Sequence[Storable]:
         return self.stored if self.ref is not None and self.stored is not None else []

@@ -4,5 +4,5 @@ cache, summaries and the summarizer.
 May import: proxy.errors, proxy.config, proxy.telemetry, proxy.store.base,
 proxy.upstream (the summarizer calls one), proxy.http.sessions (message identity),
 proxy.coordination.base (summary single-flight across instances),
-proxy.background and policies. Never chat, responses or ops.
+proxy.background, proxy.heap (malloc_trim) and policies. Never chat, responses or ops.
 """

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from proxy.background import Background
 from proxy.context.embedder import Embedder, Vectors, embedding_text, to_bytes
 from proxy.context.semantic import VectorCache
-from proxy.store.base import ExchangeResult, MessageIn, SessionRef
+from proxy.store.base import ExchangeResult, MessageIn, SessionRef, Storable
 from proxy.store.search_text import search_text
 from proxy.store.vectors import ItemVector, VectorIndex
 from proxy.telemetry.logging import get_logger
@@ -112,7 +112,7 @@ class Embeddings:
     def stored(
         self,
         ref: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         result: ExchangeResult | None,
     ) -> None:

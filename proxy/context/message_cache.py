@@ -4,19 +4,28 @@ A client resends its whole history on every call. Hashing every message
 (its canonical JSON, then blake2b) and counting its tokens again was most
 of what a session cost per request, and grew with the history. This cache
 keeps, per session, the :class:`MessageIn` (content hash, role, token count)
-of each message the session sent last time, with an exact key for each:
+of each message the session sent last time, and the message itself, matched
+exactly:
 
-- a message whose values are all strings (or null), the usual chat
-  message, is keyed by its keys, then its values, in one flat tuple
+- a history resent whole (the usual turn) is compared in C over its whole
+  prefix: the messages as dicts (exact where every value is a string or
+  null: a string equals only a string, byte for byte) and the order of
+  each one's keys (one shared tuple per order); then, one by one, the JSON
+  of those with other values;
+- otherwise (an edit, a client dropping old turns itself) by an exact key
+  for each message: a message whose values are all strings (or null), the
+  usual chat message, by its keys, then its values, in one flat tuple
   (``("role", "content", "user", "hi")``: the first half are the keys, so
-  it is unambiguous), sharing the strings of the message kept; comparing
-  compares the strings byte for byte, in C;
+  it is unambiguous), built over the strings of the message kept;
 - any other message by its JSON as the client sent it (orjson, no key
   sorting), copied to an exact-size buffer (orjson's own is allocated
   several times larger than the JSON). ``1``, ``1.0`` and ``true``
-  serialise differently, so an edited message is never taken for the old one;
-- an item a ``history: server`` session replays from the store by its item
-  id (items are never rewritten and ids never reused).
+  serialise differently, so an edited message is never taken for the old one.
+
+A ``history: server`` session does not come here: its stored items are
+their own identity (proxy/http/history_view.py counts them once), and
+holding their messages here kept alive text that the store's chain cache
+had let go, outside every budget.
 
 A key order that differs is a miss, as a differing JSON would be.
 
@@ -39,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress, repeat
 from operator import is_
 from typing import Any, NamedTuple
@@ -51,18 +60,14 @@ from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
 from proxy.store.sized import SizedLRU
 
-# What holding one client-held message costs besides its text (the dict, the
-# MessageIn, the content hash string, its slots in the entry's four lists; the
-# role is one interned string, the key order a shared tuple): 410 bytes measured
-# with tracemalloc on CPython 3.11 (533 with a flat key of its own per message),
-# so a little over; a message with nested values (tool calls, content parts)
-# holds more objects.
+# What holding one message costs besides its text (the dict, the MessageIn, the
+# content hash string, its slots in the entry's lists; the role is one interned
+# string, the key order a shared tuple): 410 bytes measured with tracemalloc on
+# CPython 3.11 (533 with a flat key of its own per message, 670 before MessageIn
+# had slots), so a little over; a message with nested values (tool calls,
+# content parts) holds more objects.
 PER_MESSAGE = 440
 PER_NESTED = 1100
-# A message replayed from the store (keyed by item id): the MessageIn and its slot.
-PER_ITEM = 200
-# A ``history: server`` entry keeps each new message's flat key besides (tuple and slot).
-PER_KEY = 80
 # A key order not shared (the table of shared ones is full): its own tuple.
 PER_ORDER = 64
 # Distinct key orders shared by every entry (a few in practice: role/content,
@@ -70,7 +75,7 @@ PER_ORDER = 64
 # keeps its own.
 ORDERS = 4096
 
-Key = tuple[str | None, ...] | bytes | int
+Key = tuple[str | None, ...] | bytes
 # The keys of a message in order (``("role", "content")``).
 Order = tuple[str, ...]
 
@@ -80,38 +85,31 @@ _orders: dict[Order, Order] = {}
 class _Entry(NamedTuple):
     # What the counts are for: the counter's encoding and scale.
     how: tuple[str, float]
-    # Each message's key (``history: server`` entries); None for a client-held
-    # entry, whose keys are made from ``dicts`` when an edit needs them.
-    keys: list[Key | None] | None
     stored: list[MessageIn]
     size: int
-    # Client-held entries: the messages kept (``stored[i].message``), the order of
-    # each one's keys, and the positions of those not all strings with their
-    # JSON key (None: no key, never matched). What a resent history is compared
-    # with, in C (see _resent).
-    dicts: list[dict[str, Any]] | None = None
-    orders: list[Order] | None = None
-    nested: tuple[tuple[int, bytes | None], ...] = ()
+    # The messages kept (``stored[i].message``), the order of each one's keys,
+    # and the positions of those not all strings with their JSON key (None: no
+    # key, never matched): what a resent history is compared with (_resent).
+    dicts: list[dict[str, Any]]
+    orders: list[Order]
+    nested: tuple[tuple[int, bytes | None], ...]
 
 
 class Lookup(NamedTuple):
     """What the cache knows of a list of messages (see :meth:`MessageCache.lookup`)."""
 
     # Each message's key; the first ``matched`` are None when the session's
-    # whole last list was resent (the entry's own are reused, none were made).
+    # whole last list was resent (none were made for them).
     keys: list[Key | None]
     # The message as stored before, or None where nothing is known.
     found: list[MessageIn | None]
     how: tuple[str, float] | None
-    # The session's whole last list was resent first: its bytes, and its length
-    # (only what follows is sized anew). -1: it was not.
-    base: int = -1
+    # The session's whole last list was resent first: its length (only what
+    # follows is sized anew).
     matched: int = 0
-    # How many leading messages are the entry's, position by position.
-    same: int = 0
     # The positions where ``found`` is None, ascending (checked, hashed and counted anew).
     unknown: Sequence[int] = ()
-    # The client-held entry whose whole list was resent (its lists are extended).
+    # The entry whose whole list was resent (its lists are extended).
     kept: _Entry | None = None
 
 
@@ -132,15 +130,12 @@ def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | Non
 
 
 def message_bytes(key: Key | None, message: MessageIn) -> int:
-    """The bytes holding ``message`` (client-held) is estimated to take."""
+    """The bytes holding ``message`` is estimated to take (``key``: its :func:`message_key`)."""
     if isinstance(key, tuple):
-        text = sum(len(v) for v in key[len(key) // 2 :] if v is not None)
-        return text + PER_MESSAGE
-    if isinstance(key, bytes):
-        # The JSON copy, and the parsed message about as large.
-        return 2 * len(key) + PER_NESTED
-    # A stored item's: the message is the store's history cache's (shared), not counted twice.
-    return PER_ITEM
+        # The values' lengths (None and "" add nothing), in C.
+        return sum(map(len, filter(None, key[len(key) // 2 :]))) + PER_MESSAGE
+    # The JSON copy, and the parsed message about as large.
+    return 2 * len(key) + PER_NESTED if key is not None else PER_NESTED
 
 
 def _order(message: dict[str, Any]) -> tuple[Order, int]:
@@ -184,31 +179,26 @@ class MessageCache:
         self,
         ref: SessionRef,
         messages: Sequence[dict[str, Any]],
-        items: Sequence[StoredItem] = (),
     ) -> Lookup:
-        """What is known of ``messages`` (the first ``len(items)`` being those stored items)."""
+        """What is known of ``messages``."""
         entry = self._sessions.get((ref.tenant, ref.key))
-        unknown: Sequence[int]
-        if entry is not None and not items and entry.dicts is not None:
+        keys: list[Key | None]
+        if entry is not None:
             n = len(entry.dicts)
             if len(messages) >= n and _resent(messages, entry):
                 # The client resent its whole last list: keys only for what follows.
-                keys: list[Key | None] = [None] * n
-                keys.extend(message_key(m) for m in messages[n:])
+                keys = [None] * n
+                keys.extend(map(message_key, messages[n:]))
                 found: list[MessageIn | None] = [*entry.stored, *[None] * (len(messages) - n)]
-                unknown = range(n, len(messages))
-                return Lookup(keys, found, entry.how, entry.size, n, n, unknown, entry)
-        keys = [item.id for item in items]
-        keys.extend(message_key(m) for m in messages[len(items) :])
+                return Lookup(keys, found, entry.how, n, range(n, len(messages)), entry)
+        keys = list(map(message_key, messages))
         if entry is None:
             return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
-        found, same = _known(keys, entry)
-        # By identity, in C: ``m is None`` per message (``None in found`` would call
-        # the dataclass's ``__eq__``, Python, once per message).
+        found = _known(keys, entry)
+        # By identity, in C: ``None in found`` would call MessageIn's ``__eq__``
+        # (Python) once per message.
         unknown = list(compress(range(len(found)), map(is_, found, repeat(None))))
-        if same == len(entry.stored):  # (no None in them: _known stops at one)
-            return Lookup(keys, found, entry.how, entry.size, same, same, unknown)
-        return Lookup(keys, found, entry.how, same=same, unknown=unknown)
+        return Lookup(keys, found, entry.how, unknown=unknown)
 
     def messages(
         self,
@@ -216,82 +206,32 @@ class MessageCache:
         messages: Sequence[dict[str, Any]],
         counter: TokenCounter,
         *,
-        items: Sequence[StoredItem] = (),
         lookup: Lookup | None = None,
     ) -> list[MessageIn]:
         """Each message as the store takes it, counted by ``counter``; remembered for next time.
 
-        ``items``: the stored items the first messages are (``history: server``);
         ``lookup``: this call's :meth:`lookup`, when the caller made it first.
         """
         if lookup is None:
-            lookup = self.lookup(ref, messages, items)
+            lookup = self.lookup(ref, messages)
         how = (counter.encoding_name, counter.scale)
         found = lookup.found
         if lookup.how is not None and lookup.how != how:
             # Another model's tokenizer: the hashes hold, the counts do not.
             found = [_recount(m, counter) if m is not None else m for m in found]
         out: list[MessageIn] = list(found)  # type: ignore[arg-type]  # its Nones filled in below
-        n = len(items)
         for i in lookup.unknown:
-            out[i] = _from_item(items[i], counter) if i < n else _message_in(messages[i], counter)
-        self._remember(ref, how, lookup, out, bool(items))
+            out[i] = message_in(messages[i], counter, intern=True)
+        self._remember(ref, how, lookup, out)
         return out
 
     def _remember(
-        self,
-        ref: SessionRef,
-        how: tuple[str, float],
-        lookup: Lookup,
-        out: list[MessageIn],
-        replayed: bool,
+        self, ref: SessionRef, how: tuple[str, float], lookup: Lookup, out: list[MessageIn]
     ) -> None:
+        """The list as kept (found messages are the entry's own objects), then what is new:
+        after a whole resend only the new messages are sized and added."""
         slot = (ref.tenant, ref.key)
         old = self._sessions.peek(slot)
-        if not replayed:
-            self._remember_held(slot, how, lookup, out, old)
-            return
-        keys = lookup.keys
-        if (
-            lookup.base >= 0
-            and old is not None
-            and old.keys is not None
-            and old.size == lookup.base
-        ):
-            # The list as kept, then what is new: only the new messages are sized.
-            # The kept keys, not the ones just built: those share their strings
-            # with the copy just parsed, which would then be held as well as the
-            # message kept (twice each message's text).
-            n = lookup.matched
-            size = lookup.base + sum(map(_replayed_bytes, keys[n:], out[n:]))
-            keys = _keys_of(old)[:n] + keys[n:]
-        else:
-            n = lookup.same if old is not None else 0
-            if old is not None and old.keys is not None and n:
-                # The leading messages kept are sized as they were: the entry's size
-                # less what followed them (only the messages after them are sized).
-                kept = old.size - sum(map(_replayed_bytes, old.keys[n:], old.stored[n:]))
-                size = kept + sum(map(_replayed_bytes, keys[n:], out[n:]))
-            else:
-                size = sum(map(_replayed_bytes, keys, out))
-            # The same for the leading messages kept, and for a message found by
-            # key among the older ones (its key rebuilt over the kept strings).
-            tail = [
-                message_key(m.message) if f is not None and isinstance(k, tuple) else k
-                for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
-            ]
-            keys = _keys_of(old)[:n] + tail if old is not None else tail
-        self._sessions.put(slot, _Entry(how, keys, out, size), size)
-
-    def _remember_held(
-        self,
-        slot: tuple[str, str],
-        how: tuple[str, float],
-        lookup: Lookup,
-        out: list[MessageIn],
-        old: _Entry | None,
-    ) -> None:
-        """A client-held list: the messages kept (found ones are the entry's own objects)."""
         keys = lookup.keys
         n = 0
         size = 0
@@ -299,13 +239,11 @@ class MessageCache:
         orders: list[Order] = []
         nested: list[tuple[int, bytes | None]] = []
         if lookup.kept is not None and lookup.kept is old:
-            assert old.dicts is not None and old.orders is not None
-            # The list as kept, then what is new: only the new messages are sized.
             n = lookup.matched
-            size = lookup.base
+            size = old.size
             dicts = old.dicts[:n]
             orders = old.orders[:n]
-            nested = [p for p in old.nested if p[0] < n]
+            nested = list(old.nested)
         for i in range(n, len(out)):
             m = out[i]
             key = keys[i]
@@ -313,10 +251,9 @@ class MessageCache:
             dicts.append(m.message)
             orders.append(order)
             if not isinstance(key, tuple):
-                nested.append((i, None if isinstance(key, int) else key))
+                nested.append((i, key))
             size += message_bytes(key, m) + extra
-        entry = _Entry(how, None, out, size, dicts, orders, tuple(nested))
-        self._sessions.put(slot, entry, size)
+        self._sessions.put(slot, _Entry(how, out, size, dicts, orders, tuple(nested)), size)
 
     def forget(self, ref: SessionRef) -> None:
         self._sessions.drop((ref.tenant, ref.key))
@@ -327,21 +264,17 @@ def _resent(messages: Sequence[dict[str, Any]], entry: _Entry) -> bool:
 
     Two comparisons in C over the whole prefix: the messages as dicts (exact
     where all values are strings or null: a string equals only a string, byte
-    for byte), and their keys' order; then, one by one, the JSON of those with
+    for byte) and their keys' order; then, one by one, the JSON of those with
     other values (``1``, ``1.0`` and ``true`` are equal in Python, not as JSON).
     """
-    assert entry.dicts is not None and entry.orders is not None
     head = messages[: len(entry.dicts)]
     if head != entry.dicts or list(map(tuple, head)) != entry.orders:
         return False
     return all(key is not None and message_key(head[i]) == key for i, key in entry.nested)
 
 
-def _keys_of(entry: _Entry) -> list[Key | None]:
-    """Each message's key (a client-held entry's made over the kept strings)."""
-    if entry.keys is not None:
-        return entry.keys
-    assert entry.dicts is not None
+def entry_keys(entry: _Entry) -> list[Key | None]:
+    """Each kept message's key, made over the kept strings (what an edit is matched by)."""
     keys: list[Key | None] = list(map(message_key, entry.dicts))
     for i, key in entry.nested:
         keys[i] = key
@@ -350,34 +283,21 @@ def _keys_of(entry: _Entry) -> list[Key | None]:
 
 def entry_bytes(entry: _Entry) -> int:
     """What ``entry``'s messages are estimated to take, summed afresh (its size says the same)."""
-    if entry.keys is not None:
-        return sum(map(_replayed_bytes, entry.keys, entry.stored))
-    assert entry.orders is not None
     own = sum(1 for order in entry.orders if _orders.get(order) is not order)
-    return sum(map(message_bytes, _keys_of(entry), entry.stored)) + own * PER_ORDER
+    return sum(map(message_bytes, entry_keys(entry), entry.stored)) + own * PER_ORDER
 
 
-def _replayed_bytes(key: Key | None, message: MessageIn) -> int:
-    """``message_bytes``, with the flat key a ``history: server`` entry keeps besides."""
-    return message_bytes(key, message) + (PER_KEY if isinstance(key, tuple) else 0)
-
-
-def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], int]:
-    """What ``entry`` knows of each message (None where nothing), in order, and how
-    many leading messages are the entry's own, position by position.
+def _known(keys: list[Key | None], entry: _Entry) -> list[MessageIn | None]:
+    """What ``entry`` knows of each message (None where nothing), in order.
 
     Position by position while the keys are the same, then, if older messages
     remain, by key among those.
     """
-    old, stored = _keys_of(entry), entry.stored
-    resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
+    old, stored = entry_keys(entry), entry.stored
     last = len(old) - 1
-    if resent:  # the history resent: one comparison in C
-        same = len(old)
-    elif last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
-        # All but the last: a ``history: server`` turn, whose new message of last
-        # time is a stored item now (keyed by its id), or a client's retry with
-        # its last message edited. Also one comparison in C.
+    if last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
+        # All but the last: a client's retry with its last message edited. One
+        # comparison in C.
         same = last
     else:
         same = 0
@@ -392,7 +312,7 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
             out.extend(rest.get(k) if k is not None else None for k in keys[same:])
         else:
             out.extend([None] * (len(keys) - same))
-    return out, same
+    return out
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
@@ -400,11 +320,17 @@ def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
     return dataclasses.replace(message, token_count=count)
 
 
-def _message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
+def message_in(
+    message: dict[str, Any], counter: TokenCounter, *, intern: bool = False
+) -> MessageIn:
+    """``message`` as the store takes it: hashed, and counted by ``counter``.
+
+    ``intern``: its role made one string shared by every message of that role
+    (an equal string: the message is the same), for a message kept here.
+    """
     key = content_hash(message)
     role = message["role"]
-    if type(role) is str:
-        # One string for every message of a role, not one per message kept.
+    if intern and type(role) is str:
         role = message["role"] = sys.intern(role)
     return MessageIn(
         message=message,
@@ -414,13 +340,16 @@ def _message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
     )
 
 
-def _from_item(item: StoredItem, counter: TokenCounter) -> MessageIn:
-    """A stored item as the store takes it: its hash as stored; its count as cached, else stored."""
-    count = counter.cached_count(item.content_hash)
-    if count is None:
-        count = item.token_count
-    if count is None:
-        count = counter.count_message(item.message, item.content_hash)
-    return MessageIn(
-        message=item.message, content_hash=item.content_hash, role=item.role, token_count=count
-    )
+def item_counter(counter: TokenCounter) -> Callable[[StoredItem], int]:
+    """A stored item's count by ``counter``: as cached for its content, else as stored
+    with it (counted when stored), else counted now."""
+
+    def count(item: StoredItem) -> int:
+        n = counter.cached_count(item.content_hash)
+        if n is None:
+            n = item.token_count
+        if n is None:
+            n = counter.count_message(item.message, item.content_hash)
+        return n
+
+    return count

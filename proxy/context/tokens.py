@@ -13,7 +13,6 @@ bundled tokenizer files are used, through ``TIKTOKEN_CACHE_DIR``.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import importlib.util
 import math
 import os
@@ -26,6 +25,8 @@ from typing import Any, Protocol
 
 import orjson
 import tiktoken
+
+from proxy.heap import release_freed_heap
 
 PER_MESSAGE = 3
 PER_NAME = 1
@@ -119,18 +120,9 @@ def preload_encodings() -> None:
     """Load every supported encoding now (the app does, in a thread, at start-up)."""
     for name in SUPPORTED_ENCODINGS:
         load_encoding(name)
-    _release_freed_heap()
-
-
-def _release_freed_heap() -> None:
     # Loading parses each encoding's file in Python (hundreds of thousands of
-    # short-lived objects, then the ranks dict dropped above); glibc keeps the
-    # heap they freed unless asked to return it: ~6 MB of RSS.
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to return
-        return
-    trim(0)
+    # short-lived objects, then the ranks dict dropped above): ~6 MB of RSS back.
+    release_freed_heap()
 
 
 def _default_cache_dir() -> None:

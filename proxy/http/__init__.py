@@ -1,5 +1,5 @@
 """Who is talking and where it goes: body reads, JSON, headers, routing, sessions, and the
-checks of what a request replays (shape.py; history_check.py: a stored chain, new items only).
+checks of what a request replays (shape.py; history_view.py: a stored chain, new items only).
 
 May import: proxy.errors, proxy.config, proxy.telemetry, proxy.store.base.
 """

@@ -10,9 +10,9 @@ levels off at the size of its live sessions instead of growing without bound.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
+from proxy.background import LoopTask
 from proxy.runtime import Runtime
 from proxy.telemetry.logging import get_logger
 
@@ -33,7 +33,7 @@ def sweep_interval(ttl_s: float | None) -> float:
 class Expiry:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._task: asyncio.Task[None] | None = None
+        self._loop_task = LoopTask("session-expiry", self._loop)
 
     async def sweep(self, now: float | None = None) -> int:
         """Delete the sessions idle for longer than the TTL; return how many."""
@@ -58,13 +58,7 @@ class Expiry:
                 log.error("session_expiry_failed", error=repr(exc), exc_info=exc)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="session-expiry")
+        self._loop_task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await self._loop_task.stop()

@@ -83,9 +83,36 @@ class SessionRef:
     key: str
 
 
+class Storable(Protocol):
+    """What a store reads of a conversation's message to record it: a
+    :class:`MessageIn`, or a :class:`StoredItem` (a ``history: server`` chain is
+    recorded as the items it is; nothing is copied for it)."""
+
+    @property
+    def message(self) -> dict[str, Any]: ...
+
+    @property
+    def content_hash(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def token_count(self) -> int | None: ...
+
+    @property
+    def status(self) -> str: ...
+
+
 # MessageIn and StoredItem have slots: the caches hold one per message of every
-# session they keep, and a __dict__ made each ~300 bytes larger.
-@dataclass(frozen=True, slots=True)
+# session they keep, and a __dict__ made each ~300 bytes larger. They are not
+# frozen, though nothing assigns their fields once made (they are shared by the
+# caches and every request that reads them: never assign one): a frozen
+# dataclass's __init__ sets each field through object.__setattr__, 1.06 against
+# 0.20 us for ten fields, and a chain read or a history resent afresh makes one
+# per message (2,000 a request). Hashing is lost with nothing: their message is
+# a dict, so a frozen one could not be hashed either.
+@dataclass(slots=True)
 class MessageIn:
     """A message (or reply) to store: the raw JSON plus its queryable columns."""
 
@@ -97,7 +124,7 @@ class MessageIn:
     status: str = "complete"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: see MessageIn
 class StoredItem:
     id: int
     session_id: int
@@ -256,7 +283,7 @@ class Store(Protocol):
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -276,7 +303,7 @@ class Store(Protocol):
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -328,7 +355,7 @@ class Store(Protocol):
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -374,7 +401,7 @@ class Store(Protocol):
     # -- summaries ----------------------------------------------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         """Store a summary of the chain ``covered`` (root first), atomically.
 

@@ -21,6 +21,7 @@ from proxy.store.base import (
     ResponseIn,
     SessionInfo,
     SessionRef,
+    Storable,
     StoredItem,
     StoredResponse,
     StoredSummary,
@@ -72,7 +73,7 @@ class MemoryStore:
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -81,7 +82,7 @@ class MemoryStore:
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -145,7 +146,7 @@ class MemoryStore:
         session_id: int,
         parent_id: int | None,
         path: str,
-        message: MessageIn,
+        message: Storable,
         data: bytes,
         now: float,
     ) -> int:
@@ -343,7 +344,7 @@ class MemoryStore:
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -490,7 +491,7 @@ class MemoryStore:
     # -- summaries ----------------------------------------------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         if not covered:
             raise ValueError("a summary must cover at least one item")

@@ -36,6 +36,7 @@ from proxy.store.base import (
     ResponseIn,
     SessionInfo,
     SessionRef,
+    Storable,
     StoredItem,
     StoredResponse,
     StoredSummary,
@@ -158,7 +159,7 @@ class PostgresStore:
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -182,7 +183,7 @@ class PostgresStore:
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -191,7 +192,7 @@ class PostgresStore:
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         """The chain to the head, from this instance's cache once PostgreSQL says it is current."""
         async with self.pool.acquire() as conn:
-            return await self._histories.history(conn, session)
+            return await self._histories.history(conn, session, shared=shared)
 
     async def advance_fence(self, session: SessionRef, token: int) -> None:
         """A new holder of the session's lock: from now on, writes with older tokens are refused.
@@ -295,7 +296,7 @@ class PostgresStore:
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -334,7 +335,7 @@ class PostgresStore:
     # -- summaries ------------------------------------------------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         covered = list(covered)
         if not covered:

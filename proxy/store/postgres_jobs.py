@@ -26,6 +26,7 @@ from proxy.store.base import (
     RequestRecord,
     ResponseIn,
     SessionRef,
+    Storable,
     StoredSummary,
     SummaryIn,
     chain_path_hashes,
@@ -113,7 +114,7 @@ _FENCE = "UPDATE sessions SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING
 async def record(
     conn: Conn,
     session: SessionRef | None,
-    conversation: Sequence[MessageIn],
+    conversation: Sequence[Storable],
     reply: MessageIn | None,
     request: RequestRecord,
     prefix: Prefix | None,
@@ -169,7 +170,7 @@ async def record(
 async def store_chain(
     conn: Conn,
     session_id: int,
-    chain: Sequence[MessageIn],
+    chain: Sequence[Storable],
     hashes: Sequence[str],
     now: float,
     *,
@@ -248,7 +249,7 @@ async def insert_request(
 async def record_response(
     conn: Conn,
     session: SessionRef,
-    conversation: Sequence[MessageIn],
+    conversation: Sequence[Storable],
     output: Sequence[MessageIn],
     response: ResponseIn,
     request: RequestRecord,
@@ -290,7 +291,7 @@ async def record_response(
 
 
 async def save_summary(
-    conn: Conn, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+    conn: Conn, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
 ) -> StoredSummary:
     if not covered:
         raise ValueError("a summary must cover at least one item")

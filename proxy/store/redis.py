@@ -44,6 +44,7 @@ from proxy.store.base import (
     ResponseIn,
     SessionInfo,
     SessionRef,
+    Storable,
     StoredItem,
     StoredResponse,
     StoredSummary,
@@ -157,7 +158,7 @@ class RedisStore:
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -193,7 +194,7 @@ class RedisStore:
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -322,7 +323,7 @@ class RedisStore:
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -374,7 +375,7 @@ class RedisStore:
     # -- summaries ----------------------------------------------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         """Store a summary and the items it covers atomically (see ``Store.save_summary``)."""
         if not covered:

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 
 from proxy.store.base import (
-    MessageIn,
     RequestRecord,
     SessionInfo,
+    Storable,
     StoredItem,
     normalize_request,
     request_row,
@@ -61,7 +61,7 @@ Words = Callable[[Mapping[str, Any]], str]
 
 
 def quadruples(
-    chain: Sequence[MessageIn],
+    chain: Sequence[Storable],
     paths: Sequence[str],
     skip: int,
     now: float,

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from proxy.store import redis_codec as codec
-from proxy.store.base import ExchangeResult, FencedOut, MessageIn, RequestRecord, SessionRef
+from proxy.store.base import (
+    ExchangeResult,
+    FencedOut,
+    MessageIn,
+    RequestRecord,
+    SessionRef,
+    Storable,
+)
 from proxy.store.chains import ChainCache
 
 RETRY: Final = object()
@@ -33,7 +40,7 @@ class RecordCall:
         index: codec.Words | None,
         now: float,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         request: RequestRecord,
         response: tuple[str, bytes] | None = None,

@@ -31,6 +31,7 @@ from proxy.store.base import (
     ResponseIn,
     SessionInfo,
     SessionRef,
+    Storable,
     StoredItem,
     StoredResponse,
     StoredSummary,
@@ -190,7 +191,7 @@ class SqliteStore:
     async def record_exchange(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> ExchangeResult | None:
@@ -206,7 +207,7 @@ class SqliteStore:
     def record_exchange_soon(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
     ) -> asyncio.Future[ExchangeResult | None]:
@@ -220,7 +221,7 @@ class SqliteStore:
     def _record(
         self,
         session: SessionRef | None,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         reply: MessageIn | None,
         request: RequestRecord,
         *,
@@ -380,7 +381,7 @@ class SqliteStore:
     async def record_response(
         self,
         session: SessionRef,
-        conversation: Sequence[MessageIn],
+        conversation: Sequence[Storable],
         output: Sequence[MessageIn],
         response: ResponseIn,
         request: RequestRecord,
@@ -427,7 +428,7 @@ class SqliteStore:
     # -- summaries (proxy/store/sqlite_summaries.py) ----------------------------
 
     async def save_summary(
-        self, session: SessionRef, covered: Sequence[MessageIn], summary: SummaryIn
+        self, session: SessionRef, covered: Sequence[Storable], summary: SummaryIn
     ) -> StoredSummary:
         """Store a summary and the items it covers atomically (see ``Store.save_summary``)."""
         job = functools.partial(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.store.base import MessageIn
+from proxy.store.base import Storable
 from proxy.store.rows import dumps
 
 # A new database's page size (an existing one keeps its own until a VACUUM after
@@ -62,7 +62,7 @@ def packed(digest: str) -> bytes | str:
 
 
 def insert_values(
-    session_id: int, parent: str | None, path: str, item: MessageIn, now: float, pos: int
+    session_id: int, parent: str | None, path: str, item: Storable, now: float, pos: int
 ) -> tuple[Any, ...]:
     """INSERT_ITEM's parameters: ``parent`` and ``path`` are path hashes (hex)."""
     role = item.role

@@ -19,6 +19,7 @@ from proxy.store.base import (
     RequestRecord,
     ResponseIn,
     SessionRef,
+    Storable,
     chain_path_hashes,
 )
 from proxy.store.chains import Prefix
@@ -46,7 +47,7 @@ _UPSERT_RESPONSE = """
 
 def record(
     session: SessionRef | None,
-    conversation: Sequence[MessageIn],
+    conversation: Sequence[Storable],
     reply: MessageIn | None,
     request: RequestRecord,
     prefix: Prefix | None,
@@ -115,7 +116,7 @@ def _upsert_session(conn: sqlite3.Connection, session: SessionRef, now: float) -
 def store_chain(
     conn: sqlite3.Connection,
     session_id: int,
-    chain: Sequence[MessageIn],
+    chain: Sequence[Storable],
     hashes: Sequence[str],
     now: float,
     *,
@@ -195,7 +196,7 @@ def delete_rows(
 
 def record_response(
     session: SessionRef,
-    conversation: Sequence[MessageIn],
+    conversation: Sequence[Storable],
     output: Sequence[MessageIn],
     response: ResponseIn,
     request: RequestRecord,

@@ -13,12 +13,18 @@ from typing import Any
 
 import orjson
 
-from proxy.store.base import MessageIn, SessionRef, StoredSummary, SummaryIn, chain_path_hashes
+from proxy.store.base import (
+    SessionRef,
+    Storable,
+    StoredSummary,
+    SummaryIn,
+    chain_path_hashes,
+)
 from proxy.store.rows import summary_from_row
 
 # (conn, session id, chain, path hashes, now) -> (item ids, positions inserted)
 StoreChain = Callable[
-    [sqlite3.Connection, int, Sequence[MessageIn], Sequence[str], float],
+    [sqlite3.Connection, int, Sequence[Storable], Sequence[str], float],
     tuple[list[int], list[int]],
 ]
 
@@ -47,7 +53,7 @@ def _dumps(value: Any) -> str:
 def save_summary_job(
     store_chain: StoreChain,
     session: SessionRef,
-    covered: Sequence[MessageIn],
+    covered: Sequence[Storable],
     summary: SummaryIn,
     conn: sqlite3.Connection,
 ) -> StoredSummary:

@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import message_cache as message_cache_module
-from proxy.context.message_cache import MessageCache, entry_bytes, message_bytes, message_key
+from proxy.context.message_cache import (
+    MessageCache,
+    entry_bytes,
+    item_counter,
+    message_bytes,
+    message_key,
+)
 from proxy.context.tokens import TiktokenCounter, counter_for, load_encoding
 from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
@@ -265,25 +271,20 @@ def test_whatever_a_session_sends_the_cache_answers_as_hashing_afresh_would(call
         assert_afresh(cache.messages(ALICE, messages, counter), messages, counter)
 
 
-def test_a_stored_item_missed_takes_the_count_stored_with_it(hashed):
-    """``history: server``: items are keyed by id; a miss neither hashes nor tokenizes them."""
+def test_a_stored_item_is_counted_as_cached_else_as_stored_never_tokenized_again():
+    """``history: server`` items (proxy/http/history_view.py counts them with this)."""
     counter = TiktokenCounter("gpt-4o", encoding=load_encoding("o200k_base"))  # nothing cached
     message = user("a stored question")
     key = content_hash(message)
-    item = StoredItem(7, 1, None, "p", key, "user", 42, message, "complete", 0.0)
-    new = user("and a new one")
-    cache = MessageCache()
-
-    got = cache.messages(ALICE, [message, new], counter, items=[item])
-
-    assert [m.content_hash for m in got] == [key, content_hash(new)]
-    assert got[0].token_count == 42  # as stored, not counted again
-    assert hashed == [new]
-    # Next turn: the item is known by its id; only the newest message is new.
-    hashed.clear()
-    again = cache.messages(ALICE, [message, new, user("third")], counter, items=[item])
-    assert again[:2] == got and again[0] is got[0]
-    assert hashed == [user("third")]
+    count = item_counter(counter)
+    assert count(StoredItem(7, 1, None, "p", key, "user", 42, message, "complete", 0.0)) == 42
+    # Counted for this tokenizer before: that count, whatever was stored.
+    real = counter.count_message(message, key)
+    assert count(StoredItem(7, 1, None, "p", key, "user", 42, message, "complete", 0.0)) == real
+    # Nothing stored (a row from before counts were kept): counted now.
+    other = user("never counted")
+    item = StoredItem(8, 1, None, "p", content_hash(other), "user", None, other, "complete", 0.0)
+    assert count(item) == GPT4O.count_message(other)
 
 
 @pytest.mark.parametrize("edit", [False, True], ids=["resent", "resent-after-an-edit"])
@@ -344,36 +345,16 @@ def held_estimate(cache: MessageCache) -> tuple[int, int]:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(1, 3)), max_size=10))
 def test_the_size_kept_is_the_sum_of_what_is_held_turn_after_turn(turns):
-    """Server-held turns (the last new message now a stored item), edits, cuts and
-    client-held resends in any order: the entry's size is never off its messages'."""
+    """Resends with the last message edited, cuts and appends in any order: the
+    entry's size is never off its messages' estimates."""
     cache = MessageCache()
-    chain: list[StoredItem] = []
     sent: list[dict[str, Any]] = []
-    for server, cut, added in turns:
-        new = [user(f"turn {len(chain)} part {i}") for i in range(added)]
-        if server:
-            # history: server: the stored chain as items, then the new messages.
-            messages = [item.message for item in chain] + new
-            cache.messages(ALICE, messages, GPT4O, items=chain)
-            for message in [*new, assistant("ok")]:
-                i = len(chain) + 1
-                chain.append(
-                    StoredItem(
-                        i,
-                        1,
-                        i - 1 or None,
-                        "p",
-                        content_hash(message),
-                        "user",
-                        1,
-                        message,
-                        "complete",
-                        0.0,
-                    )
-                )
-        else:
-            sent = sent[: max(0, len(sent) - cut)] + new
-            cache.messages(ALICE, orjson.loads(orjson.dumps(sent)), GPT4O)
+    for step, (edit_last, cut, added) in enumerate(turns):
+        sent = sent[: max(0, len(sent) - cut)]
+        if edit_last and sent:
+            sent[-1] = user(f"edited at {step}")
+        sent += [user(f"turn {step} part {i}") for i in range(added)]
+        cache.messages(ALICE, orjson.loads(orjson.dumps(sent)), GPT4O)
         size, estimate = held_estimate(cache)
         assert size == estimate
 

@@ -141,3 +141,21 @@ async def test_a_cached_history_is_served_only_after_the_version_is_checked(
         "UPDATE sessions SET head_item_id = $1, version = version + 1", once[1].id
     )
     assert [h.id for h in await first.history(ALICE)] == [once[0].id, once[1].id]
+
+
+async def test_a_history_server_turn_shares_the_cached_items_others_get_copies(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """Parsed once: a reader that only reads (``shared``) gets the cached items
+    themselves, turn after turn; any other caller copies it may change."""
+    first, _ = two
+    await first.record_exchange(ALICE, [SYSTEM, U1], A1, req())
+    shared = await first.history(ALICE, shared=True)
+    again = await first.history(ALICE, shared=True)
+    assert [a is b for a, b in zip(shared, again, strict=True)] == [True, True, True]
+    own = await first.history(ALICE)
+    assert own == shared and not any(a is b for a, b in zip(own, shared, strict=True))
+    own[1].message["content"] = "changed by its caller"
+    assert (await first.history(ALICE, shared=True))[1].message["content"] == "hi"
+    # The role is one string for the column and the message.
+    assert all(item.role is item.message["role"] for item in again)

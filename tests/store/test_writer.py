@@ -8,6 +8,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,28 +142,51 @@ async def test_a_write_to_a_closed_writer_fails_its_future_without_raising(db_pa
 async def test_a_lone_write_a_client_waits_for_does_not_linger_for_company(
     writer, db_path, monkeypatch
 ):
-    lingered: list[float] = []
-    sleep = asyncio.sleep
-
-    async def recording(delay: float) -> None:
-        if delay:
-            lingered.append(delay)
-        await sleep(delay)
-
-    monkeypatch.setattr(writer_module.asyncio, "sleep", recording)
     monkeypatch.setattr(writer_module, "_BUSY_S", 60.0)  # every batch counts as "moments ago"
     await writer.enqueue(insert_session("a"))
     # Right after a batch: a write nobody waits for lingers (group commit under load)...
     await writer.enqueue(insert_session("b"))
-    assert lingered == [writer_module._LINGER_S]
+    assert writer.lingers == 1
     # ...one a client waits for, requests coming one at a time, does not.
     await writer.enqueue(insert_session("c"), urgent=True)
-    assert lingered == [writer_module._LINGER_S]
+    assert writer.lingers == 1
     # Several at once (batches of more than one): it lingers again, for them all.
     await asyncio.gather(*(writer.enqueue(insert_session(k)) for k in "de"))
     await writer.enqueue(insert_session("f"), urgent=True)
-    assert lingered == [writer_module._LINGER_S] * 3
+    assert writer.lingers == 3
     assert keys(db_path) == list("abcdef")
+
+
+async def lingering_write(writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Session "b" queued right after "a" was written, lingering (60 s here)."""
+    monkeypatch.setattr(writer_module, "_BUSY_S", 60.0)
+    monkeypatch.setattr(writer_module, "_LINGER_S", 60.0)
+    await writer.enqueue(insert_session("a"))
+    lingering = writer.enqueue(insert_session("b"))
+    await asyncio.sleep(0.05)
+    assert not lingering.done() and writer.lingers == 1
+    return lingering
+
+
+async def test_a_linger_ends_once_a_batchs_worth_is_queued_and_on_close(
+    writer, db_path, monkeypatch
+):
+    lingering = await lingering_write(writer, monkeypatch)
+    # Company enough: the batch goes without waiting out the linger.
+    more = [writer.enqueue(insert_session(f"c{i}")) for i in range(writer_module._BATCH_TARGET)]
+    await asyncio.wait_for(asyncio.gather(lingering, *more), 5)
+    last = writer.enqueue(insert_session("d"))
+    await asyncio.sleep(0.05)
+    assert not last.done() and writer.lingers == 2
+    await asyncio.wait_for(writer.close(), 5)  # nothing queued is left behind, and no wait
+    assert last.done() and len(keys(db_path)) == 3 + writer_module._BATCH_TARGET
+
+
+async def test_a_job_a_client_waits_for_cuts_a_long_linger_short(writer, db_path, monkeypatch):
+    lingering = await lingering_write(writer, monkeypatch)
+    # history: server or Responses: the client's answer waits for this commit.
+    await asyncio.wait_for(writer.enqueue(insert_session("c"), urgent=True), 5)
+    assert lingering.done() and keys(db_path) == ["a", "b", "c"]
 
 
 def failing(key: str) -> writer_module.Job:

@@ -51,7 +51,8 @@ def test_a_direct_line_is_the_line_structlog_writes(capsys, restore_structlog):
     # The same fields, in the same order, the secret redacted in both.
     assert list(direct.items()) == list(through.items())
     assert direct["api_key"] == "[redacted]" and direct["level"] == "info"
-    assert warned["level"] == "warning"
+    # Names seen before (the later lines): still redacted.
+    assert warned["level"] == "warning" and warned["api_key"] == "[redacted]"
 
 
 def test_a_direct_line_respects_the_level(capsys, restore_structlog):
