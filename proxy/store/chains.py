@@ -102,6 +102,17 @@ class ChainCache:
         if not item_ids:
             self._chains.drop(key)
             return
+        held = self._chains.peek(key)
+        if (
+            held is not None
+            and held.session_id == session_id
+            and held.item_ids == tuple(item_ids)
+            and held.content_hashes == tuple(content_hashes)
+        ):
+            # The same chain again (a history resent as it was, the same reply): held
+            # already, its path hashes too (they follow from the content hashes).
+            self._chains.touch(key)
+            return
         chain = Chain(session_id, tuple(content_hashes), tuple(path_hashes), tuple(item_ids))
         self._chains.put(key, chain, len(item_ids) * ITEM_BYTES)
 

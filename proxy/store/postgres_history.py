@@ -22,13 +22,13 @@ and another instance's write is seen by the next read.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.store.base import SessionRef, StoredItem
-from proxy.store.rows import shared_role
+from proxy.store.rows import copied, shared_role
 from proxy.store.sized import SizedLRU
 
 SESSION_HEAD = "SELECT id, version, head_item_id FROM sessions WHERE tenant = $1 AND key = $2"
@@ -105,10 +105,7 @@ class HistoryCache:
             self._entries.touch(key)
         if shared:
             return list(entry.items)
-        # The caller's own copies (a cached message is parsed once, then shared).
-        return [
-            replace(item, message=orjson.loads(orjson.dumps(item.message))) for item in entry.items
-        ]
+        return copied(entry.items)
 
     def forget(self, session: SessionRef) -> None:
         self._entries.drop((session.tenant, session.key))

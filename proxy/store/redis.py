@@ -51,6 +51,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
+from proxy.store.redis_history import RedisHistoryCache
 from proxy.store.redis_search import index_terms
 from proxy.store.redis_writes import RETRY, RecordCall
 from proxy.telemetry.logging import get_logger
@@ -88,7 +89,9 @@ class RedisStore:
         self.expire_grace_s = expire_grace_s or 0.0
         self.max_connections = max_connections
         self.timeout_s = timeout_s
-        self._chains = ChainCache(max_bytes=(caches or CacheBudget()).chains)
+        budget = caches or CacheBudget()
+        self._chains = ChainCache(max_bytes=budget.chains)
+        self._histories = RedisHistoryCache(max_bytes=budget.histories)
         # What puts an item's words in the session's recall index (proxy/store/redis_search.py).
         self._index: codec.Words | None = index_terms
         self._client: Redis | None = None
@@ -263,7 +266,8 @@ class RedisStore:
                 return result
 
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
-        return codec.items(await self._run("HISTORY", session.tenant, session.key))
+        """The chain, from this instance's cache once Redis says it is current."""
+        return await self._histories.history(self._run, session, shared=shared)
 
     async def advance_fence(self, session: SessionRef, token: int) -> None:
         """A new holder of the session's lock: from now on, writes with older tokens are refused.
@@ -308,6 +312,7 @@ class RedisStore:
     async def delete_session(self, session: SessionRef) -> bool:
         """Delete the session, its items, summaries, responses and every request that named it."""
         self._chains.forget(session)
+        self._histories.forget(session)
         return bool(await self._run("DELETE_SESSION", session.tenant, session.key))
 
     async def delete_idle_sessions(self, older_than: float) -> int:
@@ -444,7 +449,7 @@ _WRITE_SCRIPTS = (
     "ADVANCE_FENCE",
 )
 _READ_SCRIPTS = (
-    "HISTORY",
+    "HISTORY_SINCE",
     "GET_SESSION",
     "LIST_SESSIONS",
     "LIST_SESSIONS_MATCHING",

@@ -20,6 +20,7 @@ from proxy.store.base import (
     normalize_request,
     request_row,
 )
+from proxy.store.rows import shared_role
 
 # A request row's fields that only the script knows (it allocates the ids).
 _ID_FIELDS = ("session_id", "dropped_item_ids", "first_item_id", "last_item_id", "reply_item_id")
@@ -120,22 +121,32 @@ def check(out: list[Any], request: RequestRecord) -> None:
 
 
 def items(out: list[bytes]) -> list[StoredItem]:
+    """A chain script's answer, {session id, id, json, ...}, root first."""
     if not out:
         return []
-    session_id = int(out[0])
+    return chain_items(out, 1, int(out[0]), None)[0]
+
+
+def chain_items(
+    out: list[bytes], start: int, session_id: int, parent: int | None
+) -> tuple[list[StoredItem], int]:
+    """Items from ``out[start:]`` (id, json, ...), root first, the first a child of
+    ``parent``; and their JSON's bytes."""
     items: list[StoredItem] = []
-    parent: int | None = None
-    for i in range(1, len(out), 2):
-        item_id = int(out[i])
-        path, content_hash, role, tokens, status, created, message = orjson.loads(out[i + 1])
+    size = 0
+    for i in range(start, len(out), 2):
+        item_id, data = int(out[i]), out[i + 1]
+        path, content_hash, role, tokens, status, created, message = orjson.loads(data)
+        role = shared_role(role, message)
         items.append(
             StoredItem(
                 item_id, session_id, parent, path, content_hash, role, tokens, message, status,
                 created,
             )
         )  # fmt: skip
+        size += len(data)
         parent = item_id
-    return items
+    return items, size
 
 
 def infos(out: list[bytes]) -> list[SessionInfo]:

@@ -14,13 +14,24 @@ from proxy.store.redis_scripts import PRELUDE
 _READ = "#!lua flags=no-writes\n" + PRELUDE
 _CLEAN = "#!lua flags=allow-oom\n" + PRELUDE
 
-# ARGV: 1 prefix, 2 tenant, 3 key. Returns {session id, id, json, ...} or {}.
-HISTORY = (
+# ARGV: 1 prefix, 2 tenant, 3 key, 4 the session id and 5 the head item id the
+# caller holds the chain of ('' for none). Returns {} (no session), or {session
+# id, head id ('' for none), 1 if the walk stopped at the caller's head else 0,
+# then id, json, ... of the items after that head, root first}: nothing to walk
+# when the head is the caller's, the whole chain when the walk reached the root
+# (a branch, a shorter chain, another session of the same name).
+HISTORY_SINCE = (
     _READ
     + r"""
 local sid = live_sid(nm(ARGV[2], ARGV[3]))
 if not sid then return {} end
-return walk(sid, redis.call('HGET', P .. 's:' .. sid, 'h'), {sid})
+local head = redis.call('HGET', P .. 's:' .. sid, 'h') or ''
+local since = ''
+if sid == ARGV[4] then since = ARGV[5] end
+if head == '' or head == since then return {sid, head, '1'} end
+local out, met = walk(sid, head, {sid, head, '0'}, since)
+if met then out[3] = '1' end
+return out
 """
 )
 
@@ -158,7 +169,7 @@ local ends = redis.call('HGET', P .. 'e:' .. sid, resp)
 if not ends then return {} end
 local head = string.match(ends, '^([^:]*)')
 if ARGV[4] == '2' then head = string.match(ends, ':(.*)$') end
-return walk(sid, head, {sid})
+return (walk(sid, head, {sid}))  -- its first value only: the chain
 """
 )
 

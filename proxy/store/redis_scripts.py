@@ -89,11 +89,13 @@ local function session_info(sid)
   return {sid, h[1], h[2], h[3], h[4], h[5] or '', h[6], h[7], requests}
 end
 
--- The chain from the root to item ``head``: {id, json, id, json, ...}, root first.
-local function walk(sid, head, out)
+-- The chain from the root (or from after item ``stop``, when the walk meets it)
+-- to item ``head``, appended to ``out``: id, json, id, json, ..., root first.
+-- Returns ``out`` and whether the walk met ``stop``.
+local function walk(sid, head, out, stop)
   local ids = {}
   local parents = P .. 'a:' .. sid
-  while head and head ~= '' do
+  while head and head ~= '' and head ~= stop do
     ids[#ids + 1] = head
     head = redis.call('HGET', parents, head)
   end
@@ -102,7 +104,7 @@ local function walk(sid, head, out)
     out[#out + 1] = ids[i]
     out[#out + 1] = redis.call('HGET', items, ids[i])
   end
-  return out
+  return out, stop ~= nil and head == stop
 end
 """
 

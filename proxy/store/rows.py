@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -101,3 +102,8 @@ def summary_from_row(row: Any) -> StoredSummary:
         flagged=orjson.loads(columns["flagged_json"]),
         usage=None if usage is None else orjson.loads(usage),
     )
+
+
+def copied(items: list[StoredItem] | tuple[StoredItem, ...]) -> list[StoredItem]:
+    """A caller's own copies of cached items (a cached message is parsed once, then shared)."""
+    return [replace(item, message=orjson.loads(orjson.dumps(item.message))) for item in items]

@@ -14,7 +14,6 @@ import asyncio
 import functools
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +39,7 @@ from proxy.store.base import (
 from proxy.store.chains import ChainCache
 from proxy.store.item_versions import ItemVersions
 from proxy.store.migrations import MIGRATIONS, migrate
-from proxy.store.rows import item_from_row, request_from_row, summary_from_row
+from proxy.store.rows import copied, item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_history import SqliteHistoryCache
 from proxy.store.sqlite_items import ITEM_COLUMNS, PAGE_SIZE
 from proxy.store.summary_memo import SummaryMemo
@@ -301,8 +300,7 @@ class SqliteStore:
         items = await self._histories.history(self._fetch, session)
         if shared:
             return items
-        # The caller's own copies (a cached message is parsed once, then shared).
-        return [replace(item, message=orjson.loads(orjson.dumps(item.message))) for item in items]
+        return copied(items)
 
     async def get_session(self, session: SessionRef) -> SessionInfo | None:
         query = _SESSION_INFO + " WHERE s.tenant = ? AND s.key = ?"

@@ -1,11 +1,10 @@
-"""The SQLite store's history cache: served from memory, but only when the store says it is current."""
+"""The SQLite store's history cache: its bounds and its reads (the behaviours every store's
+cache shares: test_history_caches.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from proxy.store.base import SessionRef
 from proxy.store.sqlite import SqliteStore
@@ -13,17 +12,6 @@ from tests.stores import ALICE, msg, req
 
 SYSTEM, U1, A1 = msg("system", "be brief"), msg("user", "hi"), msg("assistant", "hello")
 U2, A2 = msg("user", "weather?"), msg("assistant", "sunny")
-
-
-@pytest.fixture
-async def two(tmp_path: Path) -> Any:
-    """Two stores on one file, as two proxy processes sharing a database."""
-    a, b = SqliteStore(tmp_path / "shared.db"), SqliteStore(tmp_path / "shared.db")
-    await a.open()
-    await b.open()
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 def contents(items: list[Any]) -> list[Any]:
@@ -42,54 +30,6 @@ def rows_read(store: SqliteStore) -> list[int]:
 
     store._fetch = counting  # type: ignore[method-assign]
     return counts
-
-
-async def test_an_unchanged_session_is_served_from_the_cache(two):
-    a, _ = two
-    await a.record_exchange(ALICE, [SYSTEM, U1], A1, req())
-    first = await a.history(ALICE, shared=True)
-    counts = rows_read(a)
-
-    again = await a.history(ALICE, shared=True)
-
-    assert counts == [1]  # the session row only: no item read again
-    assert [i is j for i, j in zip(first, again, strict=True)] == [True, True, True]
-
-
-async def test_another_instances_write_is_seen_and_only_its_items_are_read(two):
-    a, b = two
-    await a.record_exchange(ALICE, [SYSTEM, U1], A1, req())
-    await a.history(ALICE, shared=True)
-    # The other process appends a turn: the first one's cache cannot know.
-    await b.record_exchange(ALICE, [SYSTEM, U1, A1, U2], A2, req())
-    counts = rows_read(a)
-
-    got = await a.history(ALICE, shared=True)
-
-    assert contents(got) == ["be brief", "hi", "hello", "weather?", "sunny"]
-    assert counts == [2]  # the two new items, nothing before them
-
-
-async def test_a_branch_written_elsewhere_replaces_the_cached_chain(two):
-    a, b = two
-    await a.record_exchange(ALICE, [SYSTEM, U1], A1, req())
-    await a.history(ALICE, shared=True)
-    edited = msg("user", "hi, in French")
-    await b.record_exchange(ALICE, [SYSTEM, edited], A2, req())
-
-    assert contents(await a.history(ALICE, shared=True)) == ["be brief", "hi, in French", "sunny"]
-
-
-async def test_a_session_deleted_and_made_again_elsewhere_is_read_afresh(two):
-    a, b = two
-    await a.record_exchange(ALICE, [SYSTEM, U1], A1, req())
-    await a.history(ALICE, shared=True)
-    assert await b.delete_session(ALICE)
-    assert await a.history(ALICE, shared=True) == []
-    await a.history(ALICE, shared=True)
-    await b.record_exchange(ALICE, [U2], A2, req())
-
-    assert contents(await a.history(ALICE, shared=True)) == ["weather?", "sunny"]
 
 
 async def test_the_cache_is_bounded_by_its_bytes(tmp_path: Path):
