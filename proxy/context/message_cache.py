@@ -50,7 +50,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
-from operator import is_
+from operator import is_, not_
 from typing import Any, NamedTuple
 
 import orjson
@@ -138,16 +138,13 @@ def message_bytes(key: Key | None, message: MessageIn) -> int:
     return 2 * len(key) + PER_NESTED if key is not None else PER_NESTED
 
 
-def _order(message: dict[str, Any]) -> tuple[Order, int]:
-    """The message's key order, shared when it can be; the bytes it takes when not."""
-    order = tuple(message)
-    shared = _orders.get(order)
-    if shared is not None:
-        return shared, 0
+def _orders_of(messages: Sequence[dict[str, Any]]) -> tuple[list[Order], int]:
+    """Each message's key order, shared where the table has room; and how many are not."""
+    orders = list(map(tuple, messages))
     if len(_orders) < ORDERS:
-        _orders[order] = order
-        return order, 0
-    return order, PER_ORDER
+        return list(map(_orders.setdefault, orders, orders)), 0
+    found = list(map(_orders.get, orders))
+    return [o if f is None else f for o, f in zip(orders, found, strict=True)], found.count(None)
 
 
 class MessageCache:
@@ -232,7 +229,6 @@ class MessageCache:
         after a whole resend only the new messages are sized and added."""
         slot = (ref.tenant, ref.key)
         old = self._sessions.peek(slot)
-        keys = lookup.keys
         n = 0
         size = 0
         dicts: list[dict[str, Any]] = []
@@ -244,15 +240,15 @@ class MessageCache:
             dicts = old.dicts[:n]
             orders = old.orders[:n]
             nested = list(old.nested)
-        for i in range(n, len(out)):
-            m = out[i]
-            key = keys[i]
-            order, extra = _order(m.message)
-            dicts.append(m.message)
-            orders.append(order)
-            if not isinstance(key, tuple):
-                nested.append((i, key))
-            size += message_bytes(key, m) + extra
+        # Whole-list passes in C where they can be: a miss adds thousands.
+        added, keys = [m.message for m in out[n:]], lookup.keys[n:]
+        dicts += added
+        shared, own = _orders_of(added)
+        orders += shared
+        # Positions whose key is not a flat tuple (JSON, or None: never matched).
+        flat = map(isinstance, keys, repeat(tuple))
+        nested += compress(zip(range(n, len(out)), keys, strict=True), map(not_, flat))  # type: ignore[arg-type]
+        size += sum(map(message_bytes, keys, out[n:])) + own * PER_ORDER
         self._sessions.put(slot, _Entry(how, out, size, dicts, orders, tuple(nested)), size)
 
     def forget(self, ref: SessionRef) -> None:
