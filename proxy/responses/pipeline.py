@@ -50,6 +50,7 @@ from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
 from proxy.http.shape import check_responses
+from proxy.responses.chain import previous_chain
 from proxy.responses.items import (
     ItemCounter,
     chat_view,
@@ -185,7 +186,7 @@ class ResponsesExchange(ChatExchange):
             return []
         if self.key is None:
             self.key = self.previous.session_key
-        return await store.response_chain(self.tenant, value)
+        return await previous_chain(store, self.previous)
 
     async def _send(self, body: dict[str, Any]) -> Response:
         rt = self.rt

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.responses.chain import previous_chain
 from proxy.store.base import (
     MessageIn,
     RequestRecord,
@@ -370,3 +371,26 @@ async def test_a_remapped_response_survives_the_deletion_of_its_first_session(
     assert raw(await store.response_chain(ALICE.tenant, "resp_1")) == raw(
         [user("new"), said("x", 9)]
     )
+
+
+async def test_a_previous_response_chain_is_the_sessions_or_its_prefix(store: Store) -> None:
+    """``previous_chain`` (proxy/responses/chain.py) answers as the store's own walk
+    does: the session's chain when the response is its last, its prefix for an
+    earlier one, the walk for a branch the session's head is not on."""
+    await store.record_response(ALICE, FIRST_IN, FIRST_OUT, resp("resp_1"), req())
+    base = [*FIRST_IN, *FIRST_OUT]
+    await store.record_response(ALICE, [*base, user("a")], [said("A", 2)], resp("resp_a"), req())
+    await store.record_response(ALICE, [*base, user("b")], [said("B", 3)], resp("resp_b"), req())
+    two = [*base, user("b"), said("B", 3)]
+    await store.record_response(ALICE, [*two, user("c")], [said("C", 4)], resp("resp_c"), req())
+
+    for rid in ("resp_1", "resp_a", "resp_b", "resp_c"):
+        previous = await store.get_response(ALICE.tenant, rid)
+        assert previous is not None
+        got = await previous_chain(store, previous)
+        walked = await store.response_chain(ALICE.tenant, rid)
+        assert [(i.id, i.parent_id) for i in got] == [(i.id, i.parent_id) for i in walked], rid
+        assert raw(got) == raw(walked)
+        # The caller's own copies: the session's cached chain is not changed through them.
+        got[-1].message["content"] = "changed"
+    assert raw(await store.response_chain(ALICE.tenant, "resp_c"))[-1] == said("C", 4).message
