@@ -45,6 +45,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from operator import add
 from typing import Any
 
 from policies.mask import horizon as mask_horizon
@@ -412,16 +413,24 @@ def _minimal_cut(sim: list[int], raw: list[int], room: int) -> int:
 
 
 def _hysteresis_cut(sim: list[int], raw: list[int], room: int, low_room: float) -> int:
-    """Replay the growth unit by unit; advance the cut only when the budget is crossed."""
+    """Replay the growth unit by unit; advance the cut only when the budget is crossed.
+
+    At step ``t`` the older units cost ``prefix[t] - prefix[cut]`` and the newest
+    ``raw[t]``: the budget is crossed where ``prefix[t] + raw[t]`` passes
+    ``room + prefix[cut]``, so a step between crossings is one comparison.
+    """
     prefix = [0, *accumulate(sim)]
     cut = 0
-    for t in range(1, len(sim) + 1):
-        newest = raw[t - 1]
-        older = prefix[t - 1] - prefix[cut]
-        if older + newest > room:
-            while cut < t - 1 and (older > low_room or older + newest > room):
+    crossed = room  # room + prefix[cut]
+    for t, reach in enumerate(map(add, prefix, raw)):
+        if reach > crossed:
+            total = prefix[t]
+            older = total - prefix[cut]
+            newest = raw[t]
+            while cut < t and (older > low_room or older + newest > room):
                 cut += 1
-                older = prefix[t - 1] - prefix[cut]
+                older = total - prefix[cut]
+            crossed = room + prefix[cut]
     return cut
 
 

@@ -121,7 +121,13 @@ class ExchangeFinish(ExchangeRecord):
             if upstream is not None:
                 await upstream.close()
             started = time.perf_counter()
-            result = await self.rt.store.record_exchange(ref, conversation, reply, record)
+            if self._durable():
+                result = await self.rt.store.record_exchange(ref, conversation, reply, record)
+            else:
+                # A stream's ending, written after its answer as a whole answer's is:
+                # it may share a commit (record_exchange has none linger, for a
+                # client who waits; none does here).
+                result = await self.rt.store.record_exchange_soon(ref, conversation, reply, record)
             self.rt.metrics.store_seconds.observe(("write",), time.perf_counter() - started)
             if ref is not None and self.recall is not None and self.recall.embed:
                 embeddings = self.rt.recall.embeddings

@@ -94,10 +94,9 @@ class ChatExchange(ExchangeRelay):
             if self.ref is not None and not server_history
             else None
         )
-        found = lookup.found if lookup is not None else None
-        for i, message in enumerate(messages):
-            if found is None or found[i] is None:
-                check_chat_message(message, i)
+        unknown = lookup.unknown if lookup is not None else range(len(messages))
+        for i in unknown:
+            check_chat_message(messages[i], i)
 
         self.conversation = messages
         left_out: list[int] = []
@@ -117,11 +116,7 @@ class ChatExchange(ExchangeRelay):
         if len(self.raw) >= LONG_TEXT or self.conversation is not messages:
             # Long texts are counted in a worker thread first: no stall for the others.
             # Messages the cache holds are counted already.
-            todo = (
-                self.conversation
-                if found is None
-                else [m for m, known in zip(messages, found, strict=True) if known is None]
-            )
+            todo = self.conversation if lookup is None else [messages[i] for i in lookup.unknown]
             if stored:
                 todo = messages
             await counter.precount(todo)

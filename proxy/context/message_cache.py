@@ -4,13 +4,19 @@ A client resends its whole history on every call. Hashing every message
 (its canonical JSON, then blake2b) and counting its tokens again was most
 of what a session cost per request, and grew with the history. This cache
 keeps, per session, the :class:`MessageIn` (content hash, role, token count)
-of each message the session sent last time, with an exact key for each:
+of each message the session sent last time, and the message itself, matched
+exactly:
 
-- a message whose values are all strings (or null), the usual chat
-  message, is keyed by its keys, then its values, in one flat tuple
+- a history resent whole (the usual turn) is compared in C over its whole
+  prefix: the messages as dicts (exact where every value is a string or
+  null: a string equals only a string, byte for byte) and the order of
+  each one's keys (one shared tuple per order); then, one by one, the JSON
+  of those with other values;
+- otherwise (an edit, a client dropping old turns itself) by an exact key
+  for each message: a message whose values are all strings (or null), the
+  usual chat message, by its keys, then its values, in one flat tuple
   (``("role", "content", "user", "hi")``: the first half are the keys, so
-  it is unambiguous), sharing the strings of the message kept; comparing
-  compares the strings byte for byte, in C;
+  it is unambiguous), built over the strings of the message kept;
 - any other message by its JSON as the client sent it (orjson, no key
   sorting), copied to an exact-size buffer (orjson's own is allocated
   several times larger than the JSON). ``1``, ``1.0`` and ``true``
@@ -41,9 +47,10 @@ the messages, their keys and the objects around them): see
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import is_
+from itertools import compress, repeat
+from operator import is_, not_
 from typing import Any, NamedTuple
 
 import orjson
@@ -53,37 +60,57 @@ from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
 from proxy.store.sized import SizedLRU
 
-# What holding one message costs besides its text (the dict, its role string,
-# the MessageIn, the content hash string, the flat key, the two list slots):
-# 533 bytes measured with tracemalloc on CPython 3.11 (670 before MessageIn had
-# slots and keys were flat), so a little over; a message with nested values
-# (tool calls, content parts) holds more objects.
-PER_MESSAGE = 580
+# What holding one message costs besides its text (the dict, the MessageIn, the
+# content hash string, its slots in the entry's lists; the role is one interned
+# string, the key order a shared tuple): 410 bytes measured with tracemalloc on
+# CPython 3.11 (533 with a flat key of its own per message, 670 before MessageIn
+# had slots), so a little over; a message with nested values (tool calls,
+# content parts) holds more objects.
+PER_MESSAGE = 440
 PER_NESTED = 1100
+# A key order not shared (the table of shared ones is full): its own tuple.
+PER_ORDER = 64
+# Distinct key orders shared by every entry (a few in practice: role/content,
+# role/content/name, tool results, tool calls...); past this many, a message
+# keeps its own.
+ORDERS = 4096
+
 Key = tuple[str | None, ...] | bytes
+# The keys of a message in order (``("role", "content")``).
+Order = tuple[str, ...]
+
+_orders: dict[Order, Order] = {}
 
 
 class _Entry(NamedTuple):
     # What the counts are for: the counter's encoding and scale.
     how: tuple[str, float]
-    keys: list[Key | None]
     stored: list[MessageIn]
     size: int
+    # The messages kept (``stored[i].message``), the order of each one's keys,
+    # and the positions of those not all strings with their JSON key (None: no
+    # key, never matched): what a resent history is compared with (_resent).
+    dicts: list[dict[str, Any]]
+    orders: list[Order]
+    nested: tuple[tuple[int, bytes | None], ...]
 
 
 class Lookup(NamedTuple):
     """What the cache knows of a list of messages (see :meth:`MessageCache.lookup`)."""
 
+    # Each message's key; the first ``matched`` are None when the session's
+    # whole last list was resent (none were made for them).
     keys: list[Key | None]
     # The message as stored before, or None where nothing is known.
     found: list[MessageIn | None]
     how: tuple[str, float] | None
-    # The session's whole last list was resent first: its bytes, and its length
-    # (only what follows is sized anew). -1: it was not.
-    base: int = -1
+    # The session's whole last list was resent first: its length (only what
+    # follows is sized anew).
     matched: int = 0
-    # How many leading messages are the entry's, position by position.
-    same: int = 0
+    # The positions where ``found`` is None, ascending (checked, hashed and counted anew).
+    unknown: Sequence[int] = ()
+    # The entry whose whole list was resent (its lists are extended).
+    kept: _Entry | None = None
 
 
 def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | None:
@@ -103,12 +130,21 @@ def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | Non
 
 
 def message_bytes(key: Key | None, message: MessageIn) -> int:
-    """The bytes holding ``message`` and its key is estimated to take."""
+    """The bytes holding ``message`` is estimated to take (``key``: its :func:`message_key`)."""
     if isinstance(key, tuple):
-        text = sum(len(v) for v in key[len(key) // 2 :] if v is not None)
-        return text + PER_MESSAGE
+        # The values' lengths (None and "" add nothing), in C.
+        return sum(map(len, filter(None, key[len(key) // 2 :]))) + PER_MESSAGE
     # The JSON copy, and the parsed message about as large.
     return 2 * len(key) + PER_NESTED if key is not None else PER_NESTED
+
+
+def _orders_of(messages: Sequence[dict[str, Any]]) -> tuple[list[Order], int]:
+    """Each message's key order, shared where the table has room; and how many are not."""
+    orders = list(map(tuple, messages))
+    if len(_orders) < ORDERS:
+        return list(map(_orders.setdefault, orders, orders)), 0
+    found = list(map(_orders.get, orders))
+    return [o if f is None else f for o, f in zip(orders, found, strict=True)], found.count(None)
 
 
 class MessageCache:
@@ -142,14 +178,24 @@ class MessageCache:
         messages: Sequence[dict[str, Any]],
     ) -> Lookup:
         """What is known of ``messages``."""
-        keys: list[Key | None] = [message_key(m) for m in messages]
         entry = self._sessions.get((ref.tenant, ref.key))
+        keys: list[Key | None]
+        if entry is not None:
+            n = len(entry.dicts)
+            if len(messages) >= n and _resent(messages, entry):
+                # The client resent its whole last list: keys only for what follows.
+                keys = [None] * n
+                keys.extend(map(message_key, messages[n:]))
+                found: list[MessageIn | None] = [*entry.stored, *[None] * (len(messages) - n)]
+                return Lookup(keys, found, entry.how, n, range(n, len(messages)), entry)
+        keys = list(map(message_key, messages))
         if entry is None:
-            return Lookup(keys, [None] * len(keys), None)
-        found, same = _known(keys, entry)
-        if same == len(entry.keys):  # (no None in them: _known stops at one)
-            return Lookup(keys, found, entry.how, entry.size, same, same)
-        return Lookup(keys, found, entry.how, same=same)
+            return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
+        found = _known(keys, entry)
+        # By identity, in C: ``None in found`` would call MessageIn's ``__eq__``
+        # (Python) once per message.
+        unknown = list(compress(range(len(found)), map(is_, found, repeat(None))))
+        return Lookup(keys, found, entry.how, unknown=unknown)
 
     def messages(
         self,
@@ -170,72 +216,84 @@ class MessageCache:
         if lookup.how is not None and lookup.how != how:
             # Another model's tokenizer: the hashes hold, the counts do not.
             found = [_recount(m, counter) if m is not None else m for m in found]
-        out: list[MessageIn]
-        first = _first_unknown(found)
-        if first >= 0:
-            # The leading messages known as they are (a list copy in C), then the rest.
-            out = found[:first]  # type: ignore[assignment]  # no None before ``first``
-            out.extend(
-                m if m is not None else message_in(messages[i], counter)
-                for i, m in enumerate(found[first:], first)
-            )
-        else:
-            out = found  # type: ignore[assignment]  # no None in it
+        out: list[MessageIn] = list(found)  # type: ignore[arg-type]  # its Nones filled in below
+        for i in lookup.unknown:
+            out[i] = message_in(messages[i], counter, intern=True)
         self._remember(ref, how, lookup, out)
         return out
 
     def _remember(
         self, ref: SessionRef, how: tuple[str, float], lookup: Lookup, out: list[MessageIn]
     ) -> None:
+        """The list as kept (found messages are the entry's own objects), then what is new:
+        after a whole resend only the new messages are sized and added."""
         slot = (ref.tenant, ref.key)
         old = self._sessions.peek(slot)
-        keys = lookup.keys
-        if lookup.base >= 0 and old is not None and old.size == lookup.base:
-            # The list as kept, then what is new: only the new messages are sized.
-            # The kept keys, not the ones just built: those share their strings
-            # with the copy just parsed, which would then be held as well as the
-            # message kept (twice each message's text).
+        n = 0
+        size = 0
+        dicts: list[dict[str, Any]] = []
+        orders: list[Order] = []
+        nested: list[tuple[int, bytes | None]] = []
+        if lookup.kept is not None and lookup.kept is old:
             n = lookup.matched
-            size = lookup.base + sum(map(message_bytes, keys[n:], out[n:]))
-            keys = old.keys[:n] + keys[n:]
-        else:
-            n = lookup.same if old is not None else 0
-            if old is not None and n:
-                # The leading messages kept are sized as they were: the entry's size
-                # less what followed them (only the messages after them are sized).
-                kept = old.size - sum(map(message_bytes, old.keys[n:], old.stored[n:]))
-                size = kept + sum(map(message_bytes, keys[n:], out[n:]))
-            else:
-                size = sum(map(message_bytes, keys, out))
-            # The same for the leading messages kept, and for a message found by
-            # key among the older ones (its key rebuilt over the kept strings).
-            tail = [
-                message_key(m.message) if f is not None and isinstance(k, tuple) else k
-                for k, m, f in zip(keys[n:], out[n:], lookup.found[n:], strict=True)
-            ]
-            keys = old.keys[:n] + tail if old is not None else tail
-        self._sessions.put(slot, _Entry(how, keys, out, size), size)
+            size = old.size
+            dicts = old.dicts[:n]
+            orders = old.orders[:n]
+            nested = list(old.nested)
+        # Whole-list passes in C where they can be: a miss adds thousands.
+        added, keys = [m.message for m in out[n:]], lookup.keys[n:]
+        dicts += added
+        shared, own = _orders_of(added)
+        orders += shared
+        # Positions whose key is not a flat tuple (JSON, or None: never matched).
+        flat = map(isinstance, keys, repeat(tuple))
+        nested += compress(zip(range(n, len(out)), keys, strict=True), map(not_, flat))  # type: ignore[arg-type]
+        size += sum(map(message_bytes, keys, out[n:])) + own * PER_ORDER
+        self._sessions.put(slot, _Entry(how, out, size, dicts, orders, tuple(nested)), size)
 
     def forget(self, ref: SessionRef) -> None:
         self._sessions.drop((ref.tenant, ref.key))
 
 
-def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None], int]:
-    """What ``entry`` knows of each message (None where nothing), in order, and how
-    many leading messages are the entry's own, position by position.
+def _resent(messages: Sequence[dict[str, Any]], entry: _Entry) -> bool:
+    """Whether ``messages`` begin with the entry's whole list, exactly.
+
+    Two comparisons in C over the whole prefix: the messages as dicts (exact
+    where all values are strings or null: a string equals only a string, byte
+    for byte) and their keys' order; then, one by one, the JSON of those with
+    other values (``1``, ``1.0`` and ``true`` are equal in Python, not as JSON).
+    """
+    head = messages[: len(entry.dicts)]
+    if head != entry.dicts or list(map(tuple, head)) != entry.orders:
+        return False
+    return all(key is not None and message_key(head[i]) == key for i, key in entry.nested)
+
+
+def entry_keys(entry: _Entry) -> list[Key | None]:
+    """Each kept message's key, made over the kept strings (what an edit is matched by)."""
+    keys: list[Key | None] = list(map(message_key, entry.dicts))
+    for i, key in entry.nested:
+        keys[i] = key
+    return keys
+
+
+def entry_bytes(entry: _Entry) -> int:
+    """What ``entry``'s messages are estimated to take, summed afresh (its size says the same)."""
+    own = sum(1 for order in entry.orders if _orders.get(order) is not order)
+    return sum(map(message_bytes, entry_keys(entry), entry.stored)) + own * PER_ORDER
+
+
+def _known(keys: list[Key | None], entry: _Entry) -> list[MessageIn | None]:
+    """What ``entry`` knows of each message (None where nothing), in order.
 
     Position by position while the keys are the same, then, if older messages
     remain, by key among those.
     """
-    old, stored = entry.keys, entry.stored
-    resent = len(keys) >= len(old) and keys[: len(old)] == old and None not in old
+    old, stored = entry_keys(entry), entry.stored
     last = len(old) - 1
-    if resent:  # the history resent: one comparison in C
-        same = len(old)
-    elif last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
-        # All but the last: a ``history: server`` turn, whose new message of last
-        # time is a stored item now (keyed by its id), or a client's retry with
-        # its last message edited. Also one comparison in C.
+    if last > 0 and len(keys) > last and keys[:last] == old[:last] and None not in old[:last]:
+        # All but the last: a client's retry with its last message edited. One
+        # comparison in C.
         same = last
     else:
         same = 0
@@ -250,17 +308,7 @@ def _known(keys: list[Key | None], entry: _Entry) -> tuple[list[MessageIn | None
             out.extend(rest.get(k) if k is not None else None for k in keys[same:])
         else:
             out.extend([None] * (len(keys) - same))
-    return out, same
-
-
-def _first_unknown(found: list[MessageIn | None]) -> int:
-    """The position of the first None in ``found`` (-1: none).
-
-    By identity, in C: ``None in found`` compares with ``==``, which calls the
-    dataclass's ``__eq__`` (Python) once per message.
-    """
-    unknown = list(map(is_, found, repeat(None)))
-    return unknown.index(True) if True in unknown else -1
+    return out
 
 
 def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
@@ -268,13 +316,22 @@ def _recount(message: MessageIn, counter: TokenCounter) -> MessageIn:
     return dataclasses.replace(message, token_count=count)
 
 
-def message_in(message: dict[str, Any], counter: TokenCounter) -> MessageIn:
-    """``message`` as the store takes it: hashed, and counted by ``counter``."""
+def message_in(
+    message: dict[str, Any], counter: TokenCounter, *, intern: bool = False
+) -> MessageIn:
+    """``message`` as the store takes it: hashed, and counted by ``counter``.
+
+    ``intern``: its role made one string shared by every message of that role
+    (an equal string: the message is the same), for a message kept here.
+    """
     key = content_hash(message)
+    role = message["role"]
+    if intern and type(role) is str:
+        role = message["role"] = sys.intern(role)
     return MessageIn(
         message=message,
         content_hash=key,
-        role=str(message["role"]),
+        role=str(role),
         token_count=counter.count_message(message, key),
     )
 

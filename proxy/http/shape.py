@@ -12,6 +12,7 @@ inside the pipeline. Fields the proxy does not read are left to the upstream
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from proxy.errors import InvalidRequest
@@ -155,9 +156,10 @@ def check_chat_envelope(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
     if not isinstance(messages, list):
         raise _bad("messages", f"must be an array; got {shown(messages)}.")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _bad(f"messages[{i}]", f"must be an object; got {shown(message)}.")
+    if not all(map(isinstance, messages, repeat(dict))):  # in C: a request is read in full
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise _bad(f"messages[{i}]", f"must be an object; got {shown(message)}.")
     return messages
 
 

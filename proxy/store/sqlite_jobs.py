@@ -208,7 +208,7 @@ def record_response(
     now = time.time()
     created_at = request.created_at or now
     chain = [*conversation, *output]
-    session_id = _upsert_session(conn, session, now)
+    session_id, _ = _touch_session(conn, session, now)
     ids: list[int] = []
     missing: list[int] = []
     if chain:

@@ -217,3 +217,23 @@ def test_one_request_completed_line_without_content_or_key(fake, start_proxy):
     text = repr(logs)
     assert "very private words" not in text
     assert "sk-super-secret" not in text
+
+
+def test_a_streamed_exchange_is_written_as_a_whole_ones_sharing_commits(
+    fake, start_proxy, tmp_path, monkeypatch
+):
+    # Client-held history: nobody waits for a stream's row, so it may wait for
+    # company as a whole answer's does (a commit shared, off the next request's path).
+    from proxy.store import writer
+
+    monkeypatch.setattr(writer, "_BUSY_S", 60.0)  # every batch counts as "moments ago"
+    proxy = start_proxy()
+    c = client(proxy, "streams")
+    for text in ("first", "second", "third"):
+        chunks = c.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": text}], stream=True
+        )
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        proxy.drain()
+    assert len(query(tmp_path / "ctxproxy.db", "SELECT id FROM requests")) == 3
+    assert proxy.runtime.store._writer.lingers == 2

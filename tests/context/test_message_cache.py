@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context import message_cache as message_cache_module
-from proxy.context.message_cache import MessageCache, item_counter, message_bytes, message_key
+from proxy.context.message_cache import (
+    MessageCache,
+    entry_bytes,
+    item_counter,
+    message_bytes,
+    message_key,
+)
 from proxy.context.tokens import TiktokenCounter, counter_for, load_encoding
 from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
@@ -32,6 +38,16 @@ def assert_exact(got: list[MessageIn], messages: list[dict[str, Any]]) -> None:
         (f.content_hash, f.role, f.token_count, f.status) for f in map(fresh, messages)
     ]
     # What would be stored is the message as sent now, byte for byte.
+    assert [orjson.dumps(m.message) for m in got] == [orjson.dumps(m) for m in messages]
+
+
+def assert_afresh(got: list[MessageIn], messages: list[dict[str, Any]], counter: Any) -> None:
+    """``got`` is what hashing and counting ``messages`` afresh gives, stored as sent now."""
+    hashes = [content_hash(m) for m in messages]
+    assert [m.content_hash for m in got] == hashes
+    # Counted as the proxy always counts a session's messages: by content hash.
+    counts = [counter.count_message(m, h) for m, h in zip(messages, hashes, strict=True)]
+    assert [m.token_count for m in got] == counts
     assert [orjson.dumps(m.message) for m in got] == [orjson.dumps(m) for m in messages]
 
 
@@ -252,13 +268,7 @@ def test_whatever_a_session_sends_the_cache_answers_as_hashing_afresh_would(call
         # Parsed anew each time, as a request body is.
         messages = orjson.loads(orjson.dumps(messages))
         counter = counter_for("gpt-4" if two_models and i % 2 else "gpt-4o")
-        got = cache.messages(ALICE, messages, counter)
-        hashes = [content_hash(m) for m in messages]
-        assert [m.content_hash for m in got] == hashes
-        # Counted as the proxy always counts a session's messages: by content hash.
-        counts = [counter.count_message(m, h) for m, h in zip(messages, hashes, strict=True)]
-        assert [m.token_count for m in got] == counts
-        assert [orjson.dumps(m.message) for m in got] == [orjson.dumps(m) for m in messages]
+        assert_afresh(cache.messages(ALICE, messages, counter), messages, counter)
 
 
 def test_a_stored_item_is_counted_as_cached_else_as_stored_never_tokenized_again():
@@ -329,7 +339,7 @@ def held_estimate(cache: MessageCache) -> tuple[int, int]:
     """The size the cache's entry for ALICE says, and the sum of its messages' estimates."""
     entry = cache._sessions.peek((ALICE.tenant, ALICE.key))
     assert entry is not None
-    return entry.size, sum(map(message_bytes, entry.keys, entry.stored))
+    return entry.size, entry_bytes(entry)
 
 
 @settings(max_examples=60, deadline=None)
@@ -345,5 +355,26 @@ def test_the_size_kept_is_the_sum_of_what_is_held_turn_after_turn(turns):
             sent[-1] = user(f"edited at {step}")
         sent += [user(f"turn {step} part {i}") for i in range(added)]
         cache.messages(ALICE, orjson.loads(orjson.dumps(sent)), GPT4O)
+        size, estimate = held_estimate(cache)
+        assert size == estimate
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(_messages, min_size=1, max_size=5),
+    st.lists(st.tuples(st.lists(_messages, max_size=3), st.integers(-1, 6), _messages), max_size=6),
+)
+def test_a_history_resent_whole_is_answered_as_hashing_afresh_would(first, turns):
+    """The resent prefix matched in C (dicts, key orders, nested JSON): a message swapped
+    for one Python calls equal, or its keys reordered, is never taken for the old one."""
+    cache = MessageCache()
+    sent = list(first)
+    cache.messages(ALICE, orjson.loads(orjson.dumps(sent)), GPT4O)
+    for added, at, swap in turns:
+        sent = [*sent, *added]
+        if 0 <= at < len(sent):
+            sent[at] = swap if at % 2 else dict(reversed(list(sent[at].items())))
+        messages = orjson.loads(orjson.dumps(sent))
+        assert_afresh(cache.messages(ALICE, messages, GPT4O), messages, GPT4O)
         size, estimate = held_estimate(cache)
         assert size == estimate

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from policies import trim as trim_module
 from policies.apply import apply
 from policies.trim import MARKER, budget_limit, clip_tool_result, trim
 from policies.types import Budget, ContextTooLong, NoneSpec, TrimSpec
@@ -256,3 +260,32 @@ def test_every_content_shape_passes_through_unaltered_and_is_counted() -> None:
     d = run(messages, TrimSpec(max_tokens=10_000))
     assert all(a is b for a, b in zip(d.messages, messages, strict=True))
     assert d.tokens_after == sum(map(simple_count, messages))
+
+
+def _replay_step_by_step(sim: list[int], raw: list[int], room: int, low_room: float) -> int:
+    """The hysteresis replay as the module docstring states it, one step at a time."""
+    prefix = [0, *accumulate(sim)]
+    cut = 0
+    for t in range(1, len(sim) + 1):
+        newest = raw[t - 1]
+        older = prefix[t - 1] - prefix[cut]
+        if older + newest > room:
+            while cut < t - 1 and (older > low_room or older + newest > room):
+                cut += 1
+                older = prefix[t - 1] - prefix[cut]
+    return cut
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=40),
+    st.integers(-20, 300),
+    st.floats(0.0, 1.0),
+)
+def test_the_replay_cuts_where_stepping_unit_by_unit_would(units, room, water):
+    """The replay compares once per unit between crossings; the cut is the same."""
+    raw = [max(a, b) for a, b in units]
+    sim = [min(a, b) for a, b in units]  # a clipped unit costs at most as is
+    assert trim_module._hysteresis_cut(sim, raw, room, water * room - 5) == _replay_step_by_step(
+        sim, raw, room, water * room - 5
+    )
