@@ -45,7 +45,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from operator import add
+from operator import add, sub
 from typing import Any
 
 from policies.mask import horizon as mask_horizon
@@ -192,14 +192,13 @@ def trim_units(
     if cap is not None:
         oversize = [i for i in layout.clippable if member[i] > cap]
     q_raw = [0, *accumulate(member)]
-    raw = [q_raw[bounds[k + 1]] - q_raw[bounds[k]] for k in range(n)]
+    raw = _unit_sums(q_raw, bounds)
     sim = raw
     if oversize and cap is not None:
         capped = member.copy()
         for i in oversize:
             capped[i] = cap
-        q_cap = [0, *accumulate(capped)]
-        sim = [q_cap[bounds[k + 1]] - q_cap[bounds[k]] for k in range(n)]
+        sim = _unit_sums([0, *accumulate(capped)], bounds)
     base = sum(costs[i] for i in system) + fixed
 
     cut_turns = max(0, n - max(1, spec.max_turns)) if spec.max_turns is not None else 0
@@ -393,6 +392,12 @@ def masked_replay(
         while cut < t - 1 and (older(t) > low_room or older(t) + newest > room):
             cut += 1
     return cut, horizon
+
+
+def _unit_sums(prefix: list[int], bounds: list[int]) -> list[int]:
+    """Each unit's total, ``prefix[bounds[k + 1]] - prefix[bounds[k]]``, in C (one a turn)."""
+    at = list(map(prefix.__getitem__, bounds))
+    return list(map(sub, at[1:], at[:-1]))
 
 
 def _reason(dropped_by: dict[str, int]) -> str | None:

@@ -24,8 +24,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import eq
 
 from policies.types import Message
 
@@ -55,17 +53,13 @@ def roles_of(messages: Sequence[Message]) -> list[object]:
 
 
 def where(roles: Sequence[object], role: str) -> list[int]:
-    """The positions whose role is ``role``, ascending.
-
-    Compared in C (a session sends thousands of messages on every request; a
-    comprehension over them was a visible share of a long session's trim).
-    """
-    return list(compress(range(len(roles)), map(eq, roles, repeat(role))))
+    """The positions whose role is ``role``, ascending."""
+    return [i for i, r in enumerate(roles) if r == role]
 
 
 def where_system(roles: Sequence[object]) -> list[int]:
-    """The positions of system and developer messages, ascending (see :func:`where`)."""
-    return list(compress(range(len(roles)), map(SYSTEM_ROLES.__contains__, roles)))
+    """The positions of system and developer messages, ascending."""
+    return [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
 
 
 def split_turns(messages: Sequence[Message], roles: Sequence[object] | None = None) -> Turns:

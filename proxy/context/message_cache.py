@@ -50,7 +50,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
-from operator import is_, not_
+from operator import not_
 from typing import Any, NamedTuple
 
 import orjson
@@ -192,9 +192,8 @@ class MessageCache:
         if entry is None:
             return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
         found = _known(keys, entry)
-        # By identity, in C: ``None in found`` would call MessageIn's ``__eq__``
-        # (Python) once per message.
-        unknown = list(compress(range(len(found)), map(is_, found, repeat(None))))
+        # By identity: ``None in found`` would call MessageIn's ``__eq__`` once per message.
+        unknown = [i for i, m in enumerate(found) if m is None]
         return Lookup(keys, found, entry.how, unknown=unknown)
 
     def messages(
