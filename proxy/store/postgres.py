@@ -43,7 +43,7 @@ from proxy.store.base import (
     SummaryIn,
 )
 from proxy.store.chains import ChainCache
-from proxy.store.postgres_history import ITEM_COLUMNS, HistoryCache
+from proxy.store.postgres_history import ITEM_COLUMNS, PostgresHistoryCache
 from proxy.store.postgres_schema import migrate
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_summaries import covering
@@ -115,7 +115,7 @@ class PostgresStore:
         self._connect_timeout = connect_timeout
         caches = caches or CacheBudget()
         self._chains = ChainCache(max_bytes=caches.chains)
-        self._histories = HistoryCache(max_bytes=caches.histories)
+        self._histories = PostgresHistoryCache(max_bytes=caches.histories)
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:

@@ -22,14 +22,13 @@ and another instance's write is seen by the next read.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.store.base import SessionRef, StoredItem
-from proxy.store.rows import copied, shared_role
-from proxy.store.sized import SizedLRU
+from proxy.store.history_cache import Held, HistoryCache
+from proxy.store.rows import shared_role
 
 SESSION_HEAD = "SELECT id, version, head_item_id FROM sessions WHERE tenant = $1 AND key = $2"
 
@@ -51,64 +50,27 @@ CHAIN_SINCE = f"""
 """
 
 
-@dataclass(frozen=True)
-class _Entry:
-    session_id: int
-    version: int
-    head: int
-    # Each item, its message parsed once (it was decoded again, and every item
-    # copied, on every turn: ~4 us an item, 8 ms a turn of a 2,000-item chain).
-    items: tuple[StoredItem, ...]
-    size: int
-
-
-# What an item costs held besides its message's JSON length (the dict and its
-# strings are about the JSON's size; the StoredItem, its hash strings, its
-# numbers): as the SQLite store's (proxy/store/sqlite_history.py).
-ITEM_BYTES = 600
-
-
-class HistoryCache:
-    """Bounded by sessions and by the bytes held (JSON length plus ITEM_BYTES an item)."""
-
-    def __init__(self, max_sessions: int = 1024, max_bytes: int = 64 * 2**20) -> None:
-        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
-            max_sessions, max_bytes, admission=True
-        )
-
+class PostgresHistoryCache(HistoryCache):
     async def history(
         self, conn: Any, session: SessionRef, *, shared: bool = False
     ) -> list[StoredItem]:
         """The chain; ``shared``: the cached items themselves, which the caller only reads."""
-        key = (session.tenant, session.key)
         row = await conn.fetchrow(SESSION_HEAD, session.tenant, session.key)
         if row is None or row["head_item_id"] is None:
-            self._entries.drop(key)
+            self.forget(session)
             return []
         session_id, version, head = row["id"], row["version"], row["head_item_id"]
-        entry = self._entries.get(key)
-        if entry is not None and entry.session_id != session_id:
-            entry = None
-        if entry is None or entry.version != version:
-            since = entry.head if entry is not None else 0
-            rows = await conn.fetch(CHAIN_SINCE, head, since)
-            fetched = tuple(map(_item, rows))
-            added = sum(len(r[7]) for r in rows) + ITEM_BYTES * len(rows)
-            if entry is not None and (not fetched or fetched[0].parent_id == entry.head):
-                # The cached chain, extended.
-                entry = _Entry(session_id, version, head, entry.items + fetched, entry.size + added)
-            else:
-                # A full read (or a branch: the walk reached the root).
-                entry = _Entry(session_id, version, head, fetched, added)
-            self._entries.put(key, entry, entry.size)
-        else:
-            self._entries.touch(key)
-        if shared:
-            return list(entry.items)
-        return copied(entry.items)
-
-    def forget(self, session: SessionRef) -> None:
-        self._entries.drop((session.tenant, session.key))
+        held = self.held(session)
+        if held is not None and held.session_id != session_id:
+            held = None
+        if held is not None and held.version == version:
+            return self.current(session, held, shared=shared)
+        rows = await conn.fetch(CHAIN_SINCE, head, held.head if held is not None else 0)
+        fetched = tuple(map(_item, rows))
+        if held is not None and fetched and fetched[0].parent_id != held.head:
+            held = None  # a branch: the walk reached the root
+        read = Held(session_id, head, fetched, sum(len(r[7]) for r in rows), version)
+        return self.keep(session, read, held, shared=shared)
 
 
 def _item(row: Any) -> StoredItem:

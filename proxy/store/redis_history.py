@@ -22,64 +22,29 @@ get copies.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from proxy.store import redis_codec as codec
 from proxy.store.base import SessionRef, StoredItem
-from proxy.store.rows import copied
-from proxy.store.sized import SizedLRU
-
-# What an item costs held besides its JSON's length: as the SQLite store's
-# (proxy/store/sqlite_history.py); the JSON here also holds its columns.
-ITEM_BYTES = 600
-
-
-class _Entry(NamedTuple):
-    session_id: int
-    head: int
-    items: tuple[StoredItem, ...]
-    size: int
-
+from proxy.store.history_cache import Held, HistoryCache
 
 Run = Callable[..., Awaitable[Any]]
 
 
-class RedisHistoryCache:
-    """Bounded by sessions and by the bytes held (JSON length plus ITEM_BYTES an item)."""
-
-    def __init__(self, max_sessions: int = 1024, max_bytes: int = 64 * 2**20) -> None:
-        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
-            max_sessions, max_bytes, admission=True
-        )
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
+class RedisHistoryCache(HistoryCache):
     async def history(self, run: Run, session: SessionRef, *, shared: bool) -> list[StoredItem]:
         """The chain; ``run`` calls a store script by name with its arguments."""
-        key = (session.tenant, session.key)
-        entry = self._entries.get(key)
-        held = (str(entry.session_id), str(entry.head)) if entry is not None else ("", "")
-        out = await run("HISTORY_SINCE", session.tenant, session.key, *held)
+        held = self.held(session)
+        since = (str(held.session_id), str(held.head)) if held is not None else ("", "")
+        out = await run("HISTORY_SINCE", session.tenant, session.key, *since)
         if not out or not out[1]:
-            self._entries.drop(key)
+            self.forget(session)
             return []
         session_id, head, reached = int(out[0]), int(out[1]), out[2] == b"1"
-        if entry is not None and entry.session_id == session_id and entry.head == head:
-            self._entries.touch(key)
-        else:
-            extend = entry is not None and entry.session_id == session_id and reached
-            parent = entry.head if extend and entry is not None else None
-            found, text = codec.chain_items(out, 3, session_id, parent)
-            new, added = tuple(found), text + ITEM_BYTES * len(found)
-            if extend and entry is not None:
-                entry = _Entry(session_id, head, entry.items + new, entry.size + added)
-            else:
-                entry = _Entry(session_id, head, new, added)
-            self._entries.put(key, entry, entry.size)
-        if shared:
-            return list(entry.items)
-        return copied(entry.items)
-
-    def forget(self, session: SessionRef) -> None:
-        self._entries.drop((session.tenant, session.key))
+        if held is not None and held.session_id == session_id and held.head == head:
+            return self.current(session, held, shared=shared)
+        if held is None or held.session_id != session_id or not reached:
+            held = None  # a full read: the walk reached the root
+        parent = held.head if held is not None else None
+        found, text = codec.chain_items(out, 3, session_id, parent)
+        return self.keep(session, Held(session_id, head, tuple(found), text), held, shared=shared)

@@ -39,7 +39,7 @@ from proxy.store.base import (
 from proxy.store.chains import ChainCache
 from proxy.store.item_versions import ItemVersions
 from proxy.store.migrations import MIGRATIONS, migrate
-from proxy.store.rows import copied, item_from_row, request_from_row, summary_from_row
+from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_history import SqliteHistoryCache
 from proxy.store.sqlite_items import ITEM_COLUMNS, PAGE_SIZE
 from proxy.store.summary_memo import SummaryMemo
@@ -297,10 +297,7 @@ class SqliteStore:
 
     async def history(self, session: SessionRef, *, shared: bool = False) -> list[StoredItem]:
         """The chain, from this instance's cache when the session's head says it is current."""
-        items = await self._histories.history(self._fetch, session)
-        if shared:
-            return items
-        return copied(items)
+        return await self._histories.history(self._fetch, session, shared=shared)
 
     async def get_session(self, session: SessionRef) -> SessionInfo | None:
         query = _SESSION_INFO + " WHERE s.tenant = ? AND s.key = ?"

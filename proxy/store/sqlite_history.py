@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
 from proxy.store.base import SessionRef, StoredItem
+from proxy.store.history_cache import Held, HistoryCache
 from proxy.store.rows import shared_role
-from proxy.store.sized import SizedLRU
 
 # The stored columns as they are (hashes as their 16 bytes or text, ``incomplete``
 # 0 or 1): turning them into strings in SQL (hex(), CASE) took about a third of a
@@ -61,80 +61,36 @@ HISTORY_SINCE = f"""
 DEPTH = 12
 STATUS = ("complete", "incomplete")
 
-# What an item costs held, besides its message's JSON length (the dict and its
-# strings are about the JSON's size; the StoredItem, its two hash strings, its
-# numbers): ~596 bytes measured with tracemalloc on CPython 3.11 (~697 before
-# StoredItem had slots and role and status were interned).
-ITEM_BYTES = 600
 
-
-class _Entry(NamedTuple):
-    session_id: int
-    head: int
-    items: tuple[StoredItem, ...]
-    size: int
-
-
-def item_bytes(item: StoredItem, json_length: int) -> int:
-    return json_length + ITEM_BYTES
-
-
-class SqliteHistoryCache:
-    """Bounded by sessions and by the bytes held (estimated: :func:`item_bytes`)."""
-
-    def __init__(self, max_sessions: int = 1024, max_bytes: int = 64 * 2**20) -> None:
-        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
-            max_sessions, max_bytes, admission=True
-        )
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def size(self) -> int:
-        return self._entries.size
-
-    @property
-    def max_bytes(self) -> int:
-        return self._entries.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._entries.max_bytes = value
-
+class SqliteHistoryCache(HistoryCache):
     async def history(
         self,
         fetch: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]],
         session: SessionRef,
+        *,
+        shared: bool = False,
     ) -> list[StoredItem]:
-        key = (session.tenant, session.key)
-        entry = self._entries.get(key)
-        since = entry.head if entry is not None else 0
+        """The chain; ``shared``: the cached items themselves, which the caller only reads."""
+        held = self.held(session)
+        since = held.head if held is not None else 0
         rows = await fetch(HISTORY_SINCE, (session.tenant, session.key, since))
         if not rows or rows[0][1] is None:
-            self._entries.drop(key)
+            self.forget(session)
             return []
         session_id, head = rows[0][0], rows[0][1]
-        if entry is not None and entry.session_id == session_id and entry.head == head:
-            self._entries.touch(key)
-            return list(entry.items)
-        fetched = [_item(row) for row in _oldest_first(rows)]
-        added = sum(item_bytes(item, n) for item, n in fetched)
-        new = tuple(item for item, _ in fetched)
+        if held is not None and held.session_id == session_id and held.head == head:
+            return self.current(session, held, shared=shared)
+        chain = _oldest_first(rows)
+        new = tuple(map(_item, chain))
+        read = Held(session_id, head, new, sum(len(row[10]) for row in chain))
         if (
-            entry is not None
-            and entry.session_id == session_id
-            and new
-            and new[0].parent_id == entry.head
+            held is None
+            or held.session_id != session_id
+            or not new
+            or new[0].parent_id != held.head
         ):
-            entry = _Entry(session_id, head, entry.items + new, entry.size + added)
-        else:
-            entry = _Entry(session_id, head, new, added)
-        self._entries.put(key, entry, entry.size)
-        return list(entry.items)
-
-    def forget(self, session: SessionRef) -> None:
-        self._entries.drop((session.tenant, session.key))
+            held = None  # a full read: the walk reached the root
+        return self.keep(session, read, held, shared=shared)
 
 
 def _oldest_first(rows: list[Any]) -> list[Any]:
@@ -146,18 +102,17 @@ def _oldest_first(rows: list[Any]) -> list[Any]:
     return chain
 
 
-def _item(row: Any) -> tuple[StoredItem, int]:
-    """A row of HISTORY_SINCE as an item, and its JSON's length.
+def _item(row: Any) -> StoredItem:
+    """A row of HISTORY_SINCE as an item.
 
     By position, not through a dict of its columns: on a cache miss this runs
     for every item of the chain, and building the dict and the keyword call
     took twice what parsing the JSON does.
     """
-    data = row[10]
-    message = orjson.loads(data)
+    message = orjson.loads(row[10])
     role = shared_role(row[7], message)
     path, content = row[5], row[6]
-    item = StoredItem(
+    return StoredItem(
         row[2],
         row[3],
         row[4],
@@ -169,4 +124,3 @@ def _item(row: Any) -> tuple[StoredItem, int]:
         STATUS[row[9]],
         row[11],
     )
-    return item, len(data)

@@ -75,7 +75,10 @@ def test_sessions_are_remembered_apart_and_bounded():
     for key in ("a", "b", "c"):
         left_out(checks, [user(1), reply(2, whole=False)], SessionRef("t", key))
     assert len(checks) == 2
-    assert left_out(checks, [user(1)], SessionRef("u", "a")) == []
+    # Another tenant's session of the same key is its own: nothing of "t"'s is reused
+    # (keyed by the key alone, the cut reply's position would come back here).
+    assert left_out(checks, [user(1), reply(2)], SessionRef("u", "c")) == []
+    assert left_out(checks, [user(1), reply(2), user(3)], SessionRef("t", "c")) == [1]
 
 
 @settings(max_examples=60, deadline=None)
