@@ -28,9 +28,15 @@ from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body
 from proxy.http.sessions import session_key, session_ref
-from proxy.http.shape import check_chat, check_chat_envelope, check_chat_message
+from proxy.http.shape import (
+    MAX_DEPTH,
+    check_chat,
+    check_chat_envelope,
+    check_chat_message,
+    check_depth,
+)
 from proxy.runtime import Runtime
-from proxy.store.base import StoredItem
+from proxy.store.base import SessionRef, StoredItem
 from proxy.upstream.base import UpstreamRequest
 from proxy.upstream.cache_hints import splice_field
 
@@ -67,9 +73,25 @@ class ChatExchange(ExchangeRelay):
         self.raw = await read_body(
             self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
         )
-        body = parse_object(self.raw, deferred="messages")
+        body = self._resent_body()
+        if body is None:
+            body = parse_object(self.raw, deferred="messages")
         await self.plan(body)
         return await self._send(body)
+
+    def _resent_body(self) -> dict[str, Any] | None:
+        """The body, when it is its session's last one continued: only the new part parsed
+        (proxy/http/resent_body.py). Only a session named by its header is known before
+        the body is read; plan() checks the id as for any other request."""
+        key = self.headers.get(self.rt.config.session.header.lower())
+        if not key or not self.may_store:
+            return None
+        body = self.rt.messages.resent_body(SessionRef(self.tenant, key), self.raw)
+        if body is not None:
+            # The fields after the messages are new: their depth is checked as a full
+            # parse checks them (the messages as parse_object leaves them, one by one).
+            check_depth(body, MAX_DEPTH + 1, deferred="messages")
+        return body
 
     async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
         """Everything before the upstream: route, session, stored history, the decision.
@@ -135,7 +157,9 @@ class ChatExchange(ExchangeRelay):
         elif self.ref is not None:
             # Each message's identity in the store (and the token cache's key) and
             # its token count; what the session sent before is not done again.
-            self.stored = rt.messages.messages(self.ref, self.conversation, counter, lookup=lookup)
+            self.stored = rt.messages.messages(
+                self.ref, self.conversation, counter, lookup=lookup, body=(self.raw, body)
+            )
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]
         else:
@@ -215,14 +239,23 @@ class ChatExchange(ExchangeRelay):
                     self.header_items, upstream_config, rt.config.session.header
                 ),
                 body=forwarded,
-                json=None
-                if upstream_config.base_url
-                else {**body, "messages": self.cache.messages or self.decision.messages},
+                json=None if upstream_config.base_url else self._translated(body),
                 stream=self.stream,
             )
         )
         self.upstream_ms = (time.perf_counter() - sent) * 1000
         return await self._relay(response)
+
+    def _translated(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body a litellm upstream translates, with the cache hints' messages: a copy,
+        so what litellm may change in place is never the cached messages, chains and
+        fields that later requests of the session share (proxy/http/resent_body.py)."""
+        assert self.decision is not None
+        messages = self.cache.messages if self.cache is not None else None
+        out: dict[str, Any] = orjson.loads(
+            orjson.dumps({**body, "messages": messages or self.decision.messages})
+        )
+        return out
 
     def _forward_body(self, body: dict[str, Any]) -> bytes:
         assert self.decision is not None

@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from proxy.context.tokens import TokenCounter
+from proxy.http.resent_body import MIN_BYTES, BodyPrefix, continued, extended, found
 from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
 from proxy.store.sized import SizedLRU
@@ -70,6 +71,9 @@ PER_MESSAGE = 440
 PER_NESTED = 1100
 # A key order not shared (the table of shared ones is full): its own tuple.
 PER_ORDER = 64
+# A body kept for its prefix: its bytes, and the prefix's fields (the bytes object,
+# the tuple, the dict of the fields before the messages).
+PER_PREFIX = 400
 # Distinct key orders shared by every entry (a few in practice: role/content,
 # role/content/name, tool results, tool calls...); past this many, a message
 # keeps its own.
@@ -93,6 +97,10 @@ class _Entry(NamedTuple):
     dicts: list[dict[str, Any]]
     orders: list[Order]
     nested: tuple[tuple[int, bytes | None], ...]
+    # The last body's bytes up to its last message, whose messages are ``dicts``
+    # (proxy/http/resent_body.py): the next body that begins with them is not
+    # parsed again. None: not known, or a body too short to be worth keeping.
+    prefix: BodyPrefix | None = None
 
 
 class Lookup(NamedTuple):
@@ -111,6 +119,9 @@ class Lookup(NamedTuple):
     unknown: Sequence[int] = ()
     # The entry whose whole list was resent (its lists are extended).
     kept: _Entry | None = None
+    # The body was the kept entry's prefix continued (:meth:`MessageCache.resent_body`):
+    # how many messages followed it.
+    continued: int | None = None
 
 
 def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | None:
@@ -155,6 +166,8 @@ class MessageCache:
         self._sessions: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
             max_sessions, max_bytes, admission=True
         )
+        # The last body :meth:`resent_body` parsed: its entry, and its messages list.
+        self._continued: tuple[_Entry, list[dict[str, Any]], int] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -172,6 +185,19 @@ class MessageCache:
         """Bytes held (estimated: see :func:`message_bytes`)."""
         return self._sessions.size
 
+    def resent_body(self, ref: SessionRef, raw: bytes) -> dict[str, Any] | None:
+        """``raw`` parsed, when it is the session's last body continued (its messages then
+        begin with the very objects held); None: parse it whole."""
+        entry = self._sessions.peek((ref.tenant, ref.key))
+        if entry is None or entry.prefix is None:
+            return None
+        parsed = continued(entry.prefix, entry.dicts, raw)
+        if parsed is None:
+            return None
+        body, new = parsed
+        self._continued = (entry, body["messages"], new)
+        return body
+
     def lookup(
         self,
         ref: SessionRef,
@@ -180,14 +206,20 @@ class MessageCache:
         """What is known of ``messages``."""
         entry = self._sessions.get((ref.tenant, ref.key))
         keys: list[Key | None]
+        resent, self._continued = self._continued, None
         if entry is not None:
             n = len(entry.dicts)
-            if len(messages) >= n and _resent(messages, entry):
+            # The body :meth:`resent_body` just made of this entry's own messages: no
+            # comparison needed (nothing is awaited between the two calls).
+            new = resent[2] if resent is not None and resent[0] is entry else None
+            if new is not None and resent is not None and messages is not resent[1]:
+                new = None
+            if new is not None or (len(messages) >= n and _resent(messages, entry)):
                 # The client resent its whole last list: keys only for what follows.
                 keys = [None] * n
                 keys.extend(map(message_key, messages[n:]))
                 found: list[MessageIn | None] = [*entry.stored, *[None] * (len(messages) - n)]
-                return Lookup(keys, found, entry.how, n, range(n, len(messages)), entry)
+                return Lookup(keys, found, entry.how, n, range(n, len(messages)), entry, new)
         keys = list(map(message_key, messages))
         if entry is None:
             return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
@@ -203,10 +235,13 @@ class MessageCache:
         counter: TokenCounter,
         *,
         lookup: Lookup | None = None,
+        body: tuple[bytes, dict[str, Any]] | None = None,
     ) -> list[MessageIn]:
         """Each message as the store takes it, counted by ``counter``; remembered for next time.
 
         ``lookup``: this call's :meth:`lookup`, when the caller made it first.
+        ``body``: the request's bytes and its parse, whose messages these are (a
+        long one is kept, so the next body that continues it is not parsed again).
         """
         if lookup is None:
             lookup = self.lookup(ref, messages)
@@ -218,11 +253,16 @@ class MessageCache:
         out: list[MessageIn] = list(found)  # type: ignore[arg-type]  # its Nones filled in below
         for i in lookup.unknown:
             out[i] = message_in(messages[i], counter, intern=True)
-        self._remember(ref, how, lookup, out)
+        self._remember(ref, how, lookup, out, body)
         return out
 
     def _remember(
-        self, ref: SessionRef, how: tuple[str, float], lookup: Lookup, out: list[MessageIn]
+        self,
+        ref: SessionRef,
+        how: tuple[str, float],
+        lookup: Lookup,
+        out: list[MessageIn],
+        body: tuple[bytes, dict[str, Any]] | None,
     ) -> None:
         """The list as kept (found messages are the entry's own objects), then what is new:
         after a whole resend only the new messages are sized and added."""
@@ -248,10 +288,32 @@ class MessageCache:
         flat = map(isinstance, keys, repeat(tuple))
         nested += compress(zip(range(n, len(out)), keys, strict=True), map(not_, flat))  # type: ignore[arg-type]
         size += sum(map(message_bytes, keys, out[n:])) + own * PER_ORDER
-        self._sessions.put(slot, _Entry(how, out, size, dicts, orders, tuple(nested)), size)
+        prefix = _prefix(lookup, old, body)
+        held = size + (len(prefix.raw) + PER_PREFIX if prefix is not None else 0)
+        entry = _Entry(how, out, size, dicts, orders, tuple(nested), prefix)
+        self._sessions.put(slot, entry, held)
 
     def forget(self, ref: SessionRef) -> None:
         self._sessions.drop((ref.tenant, ref.key))
+
+
+def _prefix(
+    lookup: Lookup, old: _Entry | None, body: tuple[bytes, dict[str, Any]] | None
+) -> BodyPrefix | None:
+    """The body's bytes up to its last message, to keep with the entry.
+
+    Looked for only in a session in use (its whole last list was resent): a
+    body continued from the last is extended from its prefix (parsing only
+    the new messages); any other is searched from scratch, parsing it once
+    more. A session's first body, or one the cache missed (it may not even be
+    admitted), pays nothing.
+    """
+    if body is None or len(body[0]) < MIN_BYTES or old is None or lookup.kept is not old:
+        return None
+    raw, parsed = body
+    if lookup.continued is not None and old.prefix is not None:
+        return extended(old.prefix, raw, lookup.continued)
+    return found(raw, parsed)
 
 
 def _resent(messages: Sequence[dict[str, Any]], entry: _Entry) -> bool:
