@@ -288,7 +288,12 @@ class MessageCache:
         flat = map(isinstance, keys, repeat(tuple))
         nested += compress(zip(range(n, len(out)), keys, strict=True), map(not_, flat))  # type: ignore[arg-type]
         size += sum(map(message_bytes, keys, out[n:])) + own * PER_ORDER
-        prefix = _prefix(lookup, old, body)
+        # The body's prefix is a luxury: kept only in room no session needs now. On a
+        # loop over more long sessions than fit, holding one more session's messages
+        # saves more than sparing some sessions their parse.
+        extra = len(body[0]) + PER_PREFIX if body is not None else 0
+        spare = self._sessions.spare(slot) >= size + extra
+        prefix = _prefix(lookup, old, body) if spare else None
         held = size + (len(prefix.raw) + PER_PREFIX if prefix is not None else 0)
         entry = _Entry(how, out, size, dicts, orders, tuple(nested), prefix)
         self._sessions.put(slot, entry, held)

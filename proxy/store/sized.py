@@ -145,6 +145,11 @@ class SizedLRU(Generic[K, V]):
         """Bytes held, as the values' sizes were given, and by the uses tracked."""
         return self._bytes + (len(self._uses) * USE_BYTES if self._uses is not None else 0)
 
+    def spare(self, key: K) -> int:
+        """The bytes a value for ``key`` may take (replacing ``key``'s) with nothing evicted."""
+        found = self._data.get(key)
+        return self._room - self._bytes + (found[1] if found is not None else 0)
+
     def get(self, key: K) -> V | None:
         """The value held for ``key``; with admission, one use of ``key`` (held or not)."""
         if self._uses is not None:

@@ -378,3 +378,38 @@ def test_a_history_resent_whole_is_answered_as_hashing_afresh_would(first, turns
         assert_afresh(cache.messages(ALICE, messages, GPT4O), messages, GPT4O)
         size, estimate = held_estimate(cache)
         assert size == estimate
+
+
+def _long_turns(budget: int) -> tuple[MessageCache, list[bytes]]:
+    """A cache of ``budget`` bytes, and three bodies of one session over 64 KiB."""
+    history = [user(f"{i} " + "words " * 120) for i in range(100)]
+    bodies = [orjson.dumps({"model": "m", "messages": history[: 98 + i]}) for i in range(3)]
+    return MessageCache(max_bytes=budget), bodies
+
+
+def _send(cache: MessageCache, raw: bytes) -> tuple[bool, int]:
+    """One turn of ALICE's: whether its body was read from the kept prefix, and how many
+    of its messages the cache held."""
+    body = cache.resent_body(ALICE, raw)
+    resent = body is not None
+    if body is None:
+        body = orjson.loads(raw)
+    messages = body["messages"]
+    lookup = cache.lookup(ALICE, messages)
+    cache.messages(ALICE, messages, GPT4O, lookup=lookup, body=(raw, body))
+    return resent, lookup.matched
+
+
+def test_a_long_body_is_read_from_the_kept_prefix_when_the_budget_has_room_for_it():
+    cache, bodies = _long_turns(64 * 2**20)
+    # The first body is a miss (nothing kept), the second finds its prefix, the third uses it.
+    assert [_send(cache, raw) for raw in bodies] == [(False, 0), (False, 98), (True, 99)]
+    assert cache.size >= len(bodies[-1])
+
+
+def test_a_prefix_never_takes_room_a_sessions_messages_need():
+    # Room for the session's messages, not for its body's bytes as well.
+    cache, bodies = _long_turns(150 * 2**10)
+    # Each turn a hit on the messages held, none read from a prefix.
+    assert [_send(cache, raw) for raw in bodies] == [(False, 0), (False, 98), (False, 99)]
+    assert len(cache) == 1 and cache.size < 150 * 2**10
