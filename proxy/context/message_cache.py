@@ -291,9 +291,10 @@ class MessageCache:
         # The body's prefix is a luxury: kept only in room no session needs now. On a
         # loop over more long sessions than fit, holding one more session's messages
         # saves more than sparing some sessions their parse.
-        extra = len(body[0]) + PER_PREFIX if body is not None else 0
-        spare = self._sessions.spare(slot) >= size + extra
-        prefix = _prefix(lookup, old, body) if spare else None
+        prefix = None
+        long = body is not None and len(body[0]) >= MIN_BYTES
+        if long and body and self._sessions.spare(slot) >= size + len(body[0]) + PER_PREFIX:
+            prefix = _prefix(lookup, old, body)
         held = size + (len(prefix.raw) + PER_PREFIX if prefix is not None else 0)
         entry = _Entry(how, out, size, dicts, orders, tuple(nested), prefix)
         self._sessions.put(slot, entry, held)
@@ -303,7 +304,7 @@ class MessageCache:
 
 
 def _prefix(
-    lookup: Lookup, old: _Entry | None, body: tuple[bytes, dict[str, Any]] | None
+    lookup: Lookup, old: _Entry | None, body: tuple[bytes, dict[str, Any]]
 ) -> BodyPrefix | None:
     """The body's bytes up to its last message, to keep with the entry.
 
@@ -313,7 +314,7 @@ def _prefix(
     more. A session's first body, or one the cache missed (it may not even be
     admitted), pays nothing.
     """
-    if body is None or len(body[0]) < MIN_BYTES or old is None or lookup.kept is not old:
+    if old is None or lookup.kept is not old:
         return None
     raw, parsed = body
     if lookup.continued is not None and old.prefix is not None:
