@@ -292,8 +292,11 @@ class MessageCache:
         # loop over more long sessions than fit, holding one more session's messages
         # saves more than sparing some sessions their parse.
         prefix = None
-        long = body is not None and len(body[0]) >= MIN_BYTES
-        if long and body and self._sessions.spare(slot) >= size + len(body[0]) + PER_PREFIX:
+        if (
+            body is not None
+            and len(body[0]) >= MIN_BYTES
+            and self._sessions.spare(slot) >= size + len(body[0]) + PER_PREFIX
+        ):
             prefix = _prefix(lookup, old, body)
         held = size + (len(prefix.raw) + PER_PREFIX if prefix is not None else 0)
         entry = _Entry(how, out, size, dicts, orders, tuple(nested), prefix)
