@@ -29,6 +29,11 @@ had let go, outside every budget.
 
 A key order that differs is a miss, as a differing JSON would be.
 
+A long body (64 KiB or more) is kept too, where the budget has room no
+session needs, so the next body that continues it is read from where its
+messages ended (proxy/http/resent_body.py): its messages then begin with the
+very objects held, and the resend is known without a comparison.
+
 Messages are compared position by position first (a client appending to its
 history matches all the way in one list comparison); once they differ
 while older messages remain (an edit, or a client dropping old turns
