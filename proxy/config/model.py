@@ -140,13 +140,17 @@ class LoggingConfig:
     format: Literal["auto", "json", "console"] = "auto"
 
 
-# What the in-memory caches may hold in all, by default (``cache.max_bytes``).
-DEFAULT_CACHE_BYTES = 256 * 2**20
+# What the in-memory caches may hold in all, by default (``cache.max_bytes``). An
+# upper bound, not an allocation: sized so that 64 agents with 2,000-message
+# histories of each kind (client-held and ``history: server``, ~400 MB held) hit
+# on every turn (bench/history.py). Every per-session cache also keeps at most
+# 1,024 sessions, so many short sessions hold far less (README: Long sessions).
+DEFAULT_CACHE_BYTES = 2**30
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """The ``cache`` section: one budget for every in-memory cache (see proxy/context/budget.py)."""
+    """The ``cache`` section: one budget for every in-memory cache (shared out by proxy.store.base.CacheBudget)."""
 
     max_bytes: int = DEFAULT_CACHE_BYTES
 

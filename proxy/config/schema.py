@@ -185,7 +185,7 @@ CACHE = obj(
     {
         "max_bytes": {
             "description": "What all of them may hold, estimated: bytes, or a size like"
-            " 256MiB or 1GB (default 256MiB; at least 1MiB).",
+            " 256MiB or 1GB (default 1GiB; at least 1MiB).",
             "anyOf": [
                 {"type": "integer", "minimum": 2**20},
                 {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([KkMmGg][Ii]?[Bb]|[Bb])?\s*$"},

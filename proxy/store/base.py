@@ -39,7 +39,7 @@ class CacheBudget:
     path hashes).
     """
 
-    max_bytes: int = 256 * 2**20
+    max_bytes: int = 2**30
 
     @property
     def messages(self) -> int:
@@ -47,12 +47,15 @@ class CacheBudget:
 
     @property
     def histories(self) -> int:
-        return self.max_bytes * 25 // 100
+        return self.max_bytes * 32 // 100
 
     @property
     def counts(self) -> int:
-        """For all encodings together."""
-        return self.max_bytes * 10 // 100
+        """For all encodings together. Small: the only cache keyed by content, not by
+        session (the others keep at most 1,024 sessions), so the one that grows with
+        the number of sessions served; a message the message cache or a chain holds
+        carries its count already."""
+        return self.max_bytes * 3 // 100
 
     @property
     def chains(self) -> int:

@@ -22,8 +22,8 @@ def config(cache: object = None) -> dict[str, object]:
     return out
 
 
-def test_the_default_budget_is_256_mib():
-    assert parse_config(config()).cache.max_bytes == DEFAULT_CACHE_BYTES == 256 * 2**20
+def test_the_default_budget_is_1_gib():
+    assert parse_config(config()).cache.max_bytes == DEFAULT_CACHE_BYTES == 2**30
 
 
 @pytest.mark.parametrize(
