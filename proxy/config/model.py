@@ -150,7 +150,7 @@ DEFAULT_CACHE_BYTES = 2**30
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """The ``cache`` section: one budget for every in-memory cache (shared out by proxy.store.base.CacheBudget)."""
+    """The ``cache`` section: one budget for all in-memory caches (proxy.store.base.CacheBudget)."""
 
     max_bytes: int = DEFAULT_CACHE_BYTES
 

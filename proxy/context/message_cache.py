@@ -216,9 +216,9 @@ class MessageCache:
             n = len(entry.dicts)
             # The body :meth:`resent_body` just made of this entry's own messages: no
             # comparison needed (nothing is awaited between the two calls).
-            new = resent[2] if resent is not None and resent[0] is entry else None
-            if new is not None and resent is not None and messages is not resent[1]:
-                new = None
+            new = None
+            if resent is not None and resent[0] is entry and messages is resent[1]:
+                new = resent[2]
             if new is not None or (len(messages) >= n and _resent(messages, entry)):
                 # The client resent its whole last list: keys only for what follows.
                 keys = [None] * n
