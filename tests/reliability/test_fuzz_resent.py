@@ -15,7 +15,8 @@ from proxy.context.message_cache import MessageCache
 from proxy.http.resent_body import MIN_BYTES
 from tests.harness import ProxyServer
 from tests.reliability import bodies
-from tests.reliability.fuzz import Tally
+from tests.reliability.fuzz import BODIES_PER_ENDPOINT, Tally
+from tests.reliability.report import figure
 
 LONG = "words " * 120
 BASE = [
@@ -77,9 +78,13 @@ def test_fuzzed_continuations_of_a_kept_prefix_answer_as_a_full_parse_does(
     kept.runtime.messages.resent_body = counted  # type: ignore[method-assign]
     client = httpx.Client(timeout=30, headers=HEADERS)
     sessions = iter(range(10**6))
+    fuzzed: list[bytes] = []
 
     @settings(
-        max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=max(150, BODIES_PER_ENDPOINT // 10),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
     )
     @given(tail=TAILS)
     def one(tail: bytes) -> None:
@@ -89,6 +94,7 @@ def test_fuzzed_continuations_of_a_kept_prefix_answer_as_a_full_parse_does(
         _keep_prefix(client, kept, session)
         _keep_prefix(client, plain, session)
         raw = PREFIX + tail
+        fuzzed.append(raw)
         answers = []
         for proxy in (kept, plain):
             calls = len(both.chat.received)
@@ -117,6 +123,7 @@ def test_fuzzed_continuations_of_a_kept_prefix_answer_as_a_full_parse_does(
         one()
     finally:
         client.close()
+    figure("continuations of a kept body prefix fuzzed", len(fuzzed))
     assert tally.failures == [], "\n".join(tally.failures[:20])
     # Continuations were read from the kept prefix, and some parsed whole (refused).
     assert any(continued) and not all(continued)
