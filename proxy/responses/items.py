@@ -128,8 +128,16 @@ class ItemCounter:
         self.counter: TiktokenCounter = counter_for(model)
 
     def count(self, item: Mapping[str, Any], key: Hashable | None = None) -> int:
-        # Keyed apart from chat messages: the same hash means the same item here.
-        return self.counter.count_message(chat_view(item), None if key is None else ("i", key))
+        if key is None:
+            return self.counter.count_message(chat_view(item))
+        # Keyed apart from chat messages: the same hash means the same item here. A
+        # cached count is taken before the chat view is built: a replayed chain's
+        # items are counted every turn, and the view cost more than the lookup.
+        keyed = ("i", key)
+        cached = self.counter.cached_count(keyed)
+        if cached is not None:
+            return cached
+        return self.counter.count_message(chat_view(item), keyed)
 
     def fixed(self, body: Mapping[str, Any]) -> int:
         """Instructions, tool definitions, a named tool choice and reply priming."""
