@@ -239,23 +239,14 @@ class ChatExchange(ExchangeRelay):
                     self.header_items, upstream_config, rt.config.session.header
                 ),
                 body=forwarded,
-                json=None if upstream_config.base_url else self._translated(body),
+                json=None
+                if upstream_config.base_url
+                else {**body, "messages": self.cache.messages or self.decision.messages},
                 stream=self.stream,
             )
         )
         self.upstream_ms = (time.perf_counter() - sent) * 1000
         return await self._relay(response)
-
-    def _translated(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body a litellm upstream translates, with the cache hints' messages: a copy,
-        so what litellm may change in place is never the cached messages, chains and
-        fields that later requests of the session share (proxy/http/resent_body.py)."""
-        assert self.decision is not None
-        messages = self.cache.messages if self.cache is not None else None
-        out: dict[str, Any] = orjson.loads(
-            orjson.dumps({**body, "messages": messages or self.decision.messages})
-        )
-        return out
 
     def _forward_body(self, body: dict[str, Any]) -> bytes:
         assert self.decision is not None

@@ -80,6 +80,16 @@ def load_litellm() -> Litellm:
     return _loaded
 
 
+def own_body(parsed: dict[str, Any] | None, raw: bytes | None) -> dict[str, Any] | None:
+    """The body litellm translates, as a copy of its own: litellm may change its input in
+    place, and a caller's parsed body holds objects that later requests share (the
+    message cache's messages, a session's cached chain, a kept body's fields)."""
+    if parsed is None:
+        return parse_object(raw)
+    copy: dict[str, Any] = orjson.loads(orjson.dumps(parsed))
+    return copy
+
+
 def parse_object(raw: bytes | None) -> dict[str, Any] | None:
     if not raw:
         return None

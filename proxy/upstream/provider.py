@@ -30,7 +30,7 @@ from proxy.upstream.litellm_support import (
     error_status,
     load_litellm,
     no_answer_error,
-    parse_object,
+    own_body,
     provider_message,
     retry_after_of,
     unwrap,
@@ -199,7 +199,7 @@ class LitellmUpstream:
         if request.method != "POST" or path not in PATHS:
             message = f"{request.method} {request.path} is not supported by a litellm upstream."
             return JsonResponse(404, error_body(message, 404, "not_found"))
-        body = request.json if request.json is not None else parse_object(request.body)
+        body = own_body(request.json, request.body)
         if path == "/embeddings":
             return await self._embed(body, request)
         if body is None or not isinstance(body.get("messages"), list):

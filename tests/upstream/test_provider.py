@@ -27,7 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from proxy.errors import UpstreamError, UpstreamTimeout  # noqa: E402
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse  # noqa: E402
-from proxy.upstream.litellm_support import provider_message  # noqa: E402
+from proxy.upstream.litellm_support import own_body, provider_message  # noqa: E402
 from proxy.upstream.provider import LitellmUpstream, error_body  # noqa: E402
 from tests.fakes.anthropic import FakeAnthropic, Reply, closed_port, sse_events  # noqa: E402
 
@@ -461,3 +461,20 @@ def test_provider_message_strips_litellm_wrapping_of_plain_text(message: str) ->
         f"{message}. Handle with `litellm.InternalServerError`."
     )
     assert provider_message(Exception(wrapped)) == message
+
+
+def test_litellm_is_handed_a_copy_never_the_callers_shared_objects():
+    # The pipeline's body holds the message cache's own messages: litellm changing its
+    # input in place must not change what later requests of the session are served.
+    message = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    parsed = {"model": "m", "messages": [message], "tools": [{"type": "function"}]}
+    body = own_body(parsed, orjson.dumps(parsed))
+    assert body == parsed
+    assert body is not None
+    body["messages"][0]["content"][0]["text"] = "changed"
+    body["tools"].append({"type": "other"})
+    assert message == {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert parsed["tools"] == [{"type": "function"}]
+    # No parsed body: the bytes are parsed (each call its own objects as well).
+    assert own_body(None, b'{"model": "m"}') == {"model": "m"}
+    assert own_body(None, b"[1]") is None
