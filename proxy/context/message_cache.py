@@ -124,9 +124,8 @@ class Lookup(NamedTuple):
     unknown: Sequence[int] = ()
     # The entry whose whole list was resent (its lists are extended).
     kept: _Entry | None = None
-    # The body was the kept entry's prefix continued (:meth:`MessageCache.resent_body`):
-    # how many messages followed it.
-    continued: int | None = None
+    # The body was the kept entry's prefix continued (:meth:`MessageCache.resent_body`).
+    continued: bool = False
 
 
 def message_key(message: dict[str, Any]) -> tuple[str | None, ...] | bytes | None:
@@ -172,7 +171,7 @@ class MessageCache:
             max_sessions, max_bytes, admission=True
         )
         # The last body :meth:`resent_body` parsed: its entry, and its messages list.
-        self._continued: tuple[_Entry, list[dict[str, Any]], int] | None = None
+        self._continued: tuple[_Entry, list[dict[str, Any]]] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -196,11 +195,9 @@ class MessageCache:
         entry = self._sessions.peek((ref.tenant, ref.key))
         if entry is None or entry.prefix is None:
             return None
-        parsed = continued(entry.prefix, entry.dicts, raw)
-        if parsed is None:
-            return None
-        body, new = parsed
-        self._continued = (entry, body["messages"], new)
+        body = continued(entry.prefix, entry.dicts, raw)
+        if body is not None:
+            self._continued = (entry, body["messages"])
         return body
 
     def lookup(
@@ -216,15 +213,13 @@ class MessageCache:
             n = len(entry.dicts)
             # The body :meth:`resent_body` just made of this entry's own messages: no
             # comparison needed (nothing is awaited between the two calls).
-            new = None
-            if resent is not None and resent[0] is entry and messages is resent[1]:
-                new = resent[2]
-            if new is not None or (len(messages) >= n and _resent(messages, entry)):
+            known = resent is not None and resent[0] is entry and messages is resent[1]
+            if known or (len(messages) >= n and _resent(messages, entry)):
                 # The client resent its whole last list: keys only for what follows.
                 keys = [None] * n
                 keys.extend(map(message_key, messages[n:]))
                 found: list[MessageIn | None] = [*entry.stored, *[None] * (len(messages) - n)]
-                return Lookup(keys, found, entry.how, n, range(n, len(messages)), entry, new)
+                return Lookup(keys, found, entry.how, n, range(n, len(messages)), entry, known)
         keys = list(map(message_key, messages))
         if entry is None:
             return Lookup(keys, [None] * len(keys), None, unknown=range(len(keys)))
@@ -325,8 +320,8 @@ def _prefix(
     if old is None or lookup.kept is not old:
         return None
     raw, parsed = body
-    if lookup.continued is not None and old.prefix is not None:
-        return extended(old.prefix, raw, lookup.continued)
+    if lookup.continued and old.prefix is not None:
+        return extended(old.prefix, raw, len(parsed["messages"]) - lookup.matched)
     return found(raw, parsed)
 
 

@@ -64,16 +64,14 @@ class BodyPrefix(NamedTuple):
     end: int
     # The top-level fields before "messages", as parsed from raw[:end].
     before: dict[str, Any]
-    # How many messages raw[:end] holds.
-    held: int
 
 
 def continued(
     prefix: BodyPrefix, messages: list[dict[str, Any]], raw: bytes
-) -> tuple[dict[str, Any], int] | None:
+) -> dict[str, Any] | None:
     """``raw`` parsed, when it is ``prefix``'s bytes continued: the body, whose messages
-    begin with ``messages`` (what ``prefix``'s messages parsed to), and how many
-    messages follow them. None: parse ``raw`` whole."""
+    begin with ``messages`` (what ``prefix``'s messages parsed to). None: parse ``raw``
+    whole."""
     end = prefix.end
     if len(raw) <= end or not raw.startswith(memoryview(prefix.raw)[:end]):
         return None
@@ -85,9 +83,8 @@ def continued(
     if type(listed) is not list or not listed or listed[0] != SENTINEL:
         return None
     body = {**prefix.before, **tail}
-    new = listed[1:]
-    body["messages"] = [*messages, *new]
-    return body, len(new)
+    body["messages"] = [*messages, *listed[1:]]
+    return body
 
 
 def extended(prefix: BodyPrefix, raw: bytes, new: int) -> BodyPrefix | None:
@@ -95,7 +92,7 @@ def extended(prefix: BodyPrefix, raw: bytes, new: int) -> BodyPrefix | None:
     located = _end(_OPEN, raw, prefix.end, 1 + new)
     if located is None:
         return None
-    return BodyPrefix(raw, located[0], prefix.before, prefix.held + new)
+    return BodyPrefix(raw, located[0], prefix.before)
 
 
 def found(raw: bytes, body: dict[str, Any]) -> BodyPrefix | None:
@@ -110,7 +107,7 @@ def found(raw: bytes, body: dict[str, Any]) -> BodyPrefix | None:
         return None
     end, whole = located
     del whole["messages"]
-    return BodyPrefix(raw, end, whole, len(messages))
+    return BodyPrefix(raw, end, whole)
 
 
 def _end(

@@ -50,18 +50,16 @@ def test_a_continued_body_parses_as_a_full_parse_does_and_its_messages_are_the_h
     raw2 = body_bytes(
         [("model", "m"), ("messages", [*before, *history(2, "new")]), ("stream", True)]
     )
-    parsed = continued(prefix, held, raw2)
-    assert parsed is not None
-    body, new = parsed
-    assert new == 2
+    body = continued(prefix, held, raw2)
+    assert body is not None
     assert body == orjson.loads(raw2)
     assert all(a is b for a, b in zip(body["messages"], held, strict=False))
     # The next prefix covers this body's messages, from the bytes after the last one only.
-    nxt = extended(prefix, raw2, new)
-    assert nxt is not None and nxt.held == 102
+    nxt = extended(prefix, raw2, 2)
+    assert nxt is not None
+    assert orjson.loads(raw2[: nxt.end] + b"]}")["messages"] == body["messages"]
     raw3 = raw2[: nxt.end] + b',{"role":"user","content":"third"}],"model":"n"}'
-    parsed3 = continued(nxt, body["messages"], raw3)
-    assert parsed3 is not None and parsed3[0] == orjson.loads(raw3)
+    assert continued(nxt, body["messages"], raw3) == orjson.loads(raw3)
 
 
 def test_a_body_that_is_not_the_last_one_continued_is_parsed_whole() -> None:
@@ -104,7 +102,7 @@ def test_a_field_repeated_after_the_messages_wins_as_in_a_full_parse() -> None:
     assert prefix.before == {"model": "a"}
     raw2 = raw1[: prefix.end] + b'],"model":"b"}'
     parsed = continued(prefix, orjson.loads(raw1)["messages"], raw2)
-    assert parsed is not None and parsed[0] == orjson.loads(raw2) and parsed[0]["model"] == "b"
+    assert parsed is not None and parsed == orjson.loads(raw2) and parsed["model"] == "b"
 
 
 _text = st.text(alphabet=st.sampled_from('ab]}[{",:\\ \n\u00e9'), max_size=12)
@@ -142,16 +140,16 @@ def test_whatever_follows_the_prefix_it_parses_as_orjson_does_or_not_at_all(
     # A well-formed continuation: new messages and other fields.
     raw2 = body_bytes([*lead, ("messages", [*before, *new]), *trail], compact)
     parsed = continued(prefix, held, raw2)
-    assert parsed is not None and parsed[0] == orjson.loads(raw2)
+    assert parsed is not None and parsed == orjson.loads(raw2)
     # The prefix carried on over the new messages, and continued once more.
-    nxt = extended(prefix, raw2, parsed[1])
-    assert nxt is not None and nxt.held == len(before) + len(new)
+    nxt = extended(prefix, raw2, len(new))
+    assert nxt is not None
     raw3 = body_bytes([*lead, ("messages", [*before, *new, *new]), *trail], compact)
-    again = continued(nxt, parsed[0]["messages"], raw3)
-    assert again is not None and again[0] == orjson.loads(raw3)
+    again = continued(nxt, parsed["messages"], raw3)
+    assert again is not None and again == orjson.loads(raw3)
     # Any bytes at all after the prefix: the same as a full parse, or refused.
     hostile = raw1[: prefix.end] + rest
     got = continued(prefix, held, hostile)
     if got is not None:
-        assert got[0] == orjson.loads(hostile)
-    assert SENTINEL not in json.dumps(got[0] if got else {})
+        assert got == orjson.loads(hostile)
+    assert SENTINEL not in json.dumps(got or {})
