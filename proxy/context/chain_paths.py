@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.store.base import SessionRef, path_hash
-from proxy.store.sized import SizedLRU
+from proxy.store.sized import SizedCache, SizedLRU
 
 SESSIONS = 1024
 MAX_BYTES = 16 * 2**20
@@ -25,27 +25,16 @@ MAX_BYTES = 16 * 2**20
 ENTRY_BYTES = 96
 
 
-class ChainPaths:
+class ChainPaths(SizedCache[tuple[str, str], tuple[list[str], list[str]]]):
     def __init__(self, max_sessions: int = SESSIONS, max_bytes: int = MAX_BYTES) -> None:
-        self._last: SizedLRU[tuple[str, str], tuple[list[str], list[str]]] = SizedLRU(
+        self._entries: SizedLRU[tuple[str, str], tuple[list[str], list[str]]] = SizedLRU(
             max_sessions, max_bytes
         )
-
-    def __len__(self) -> int:
-        return len(self._last)
-
-    @property
-    def max_bytes(self) -> int:
-        return self._last.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._last.max_bytes = value
 
     def of(self, ref: SessionRef, hashes: Sequence[str]) -> list[str]:
         """The path hashes of ``hashes`` (content hashes from the root), a new list."""
         key = (ref.tenant, ref.key)
-        found = self._last.get(key)
+        found = self._entries.get(key)
         known: list[str] = []
         if found is not None:
             before, paths = found
@@ -59,7 +48,7 @@ class ChainPaths:
         for content_hash in hashes[len(out) :]:
             parent = path_hash(parent, content_hash)
             out.append(parent)
-        self._last.put(key, (list(hashes), out[:]), 256 + ENTRY_BYTES * len(out))
+        self._entries.put(key, (list(hashes), out[:]), 256 + ENTRY_BYTES * len(out))
         return out
 
 

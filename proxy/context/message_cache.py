@@ -64,7 +64,7 @@ from proxy.context.tokens import TokenCounter
 from proxy.http.resent_body import MIN_BYTES, BodyPrefix, continued, extended, found
 from proxy.http.sessions import content_hash
 from proxy.store.base import MessageIn, SessionRef, StoredItem
-from proxy.store.sized import SizedLRU
+from proxy.store.sized import SizedCache, SizedLRU
 
 # What holding one message costs besides its text (the dict, the MessageIn, the
 # content hash string, its slots in the entry's lists; the role is one interned
@@ -162,37 +162,23 @@ def _orders_of(messages: Sequence[dict[str, Any]]) -> tuple[list[Order], int]:
     return [o if f is None else f for o, f in zip(orders, found, strict=True)], found.count(None)
 
 
-class MessageCache:
+class MessageCache(SizedCache[tuple[str, str], _Entry]):
+    """Bounded by sessions and by the bytes held (estimated: :func:`message_bytes`)."""
+
     def __init__(self, max_sessions: int = 1024, max_bytes: int = 128 * 2**20) -> None:
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
         # With admission: a loop over more sessions than fit keeps hitting on a
         # share of them (proxy/store/sized.py).
-        self._sessions: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
+        self._entries: SizedLRU[tuple[str, str], _Entry] = SizedLRU(
             max_sessions, max_bytes, admission=True
         )
         # The last body :meth:`resent_body` parsed: its entry, and its messages list.
         self._continued: tuple[_Entry, list[dict[str, Any]]] | None = None
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    @property
-    def max_bytes(self) -> int:
-        return self._sessions.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._sessions.max_bytes = value
-
-    @property
-    def size(self) -> int:
-        """Bytes held (estimated: see :func:`message_bytes`)."""
-        return self._sessions.size
-
     def resent_body(self, ref: SessionRef, raw: bytes) -> dict[str, Any] | None:
         """``raw`` parsed, when it is the session's last body continued (its messages then
         begin with the very objects held); None: parse it whole."""
-        entry = self._sessions.peek((ref.tenant, ref.key))
+        entry = self._entries.peek((ref.tenant, ref.key))
         if entry is None or entry.prefix is None:
             return None
         body = continued(entry.prefix, entry.dicts, raw)
@@ -206,7 +192,7 @@ class MessageCache:
         messages: Sequence[dict[str, Any]],
     ) -> Lookup:
         """What is known of ``messages``."""
-        entry = self._sessions.get((ref.tenant, ref.key))
+        entry = self._entries.get((ref.tenant, ref.key))
         keys: list[Key | None]
         resent, self._continued = self._continued, None
         if entry is not None:
@@ -267,7 +253,7 @@ class MessageCache:
         """The list as kept (found messages are the entry's own objects), then what is new:
         after a whole resend only the new messages are sized and added."""
         slot = (ref.tenant, ref.key)
-        old = self._sessions.peek(slot)
+        old = self._entries.peek(slot)
         n = 0
         size = 0
         dicts: list[dict[str, Any]] = []
@@ -295,15 +281,15 @@ class MessageCache:
         if (
             body is not None
             and len(body[0]) >= MIN_BYTES
-            and self._sessions.spare(slot) >= size + len(body[0]) + PER_PREFIX
+            and self._entries.spare(slot) >= size + len(body[0]) + PER_PREFIX
         ):
             prefix = _prefix(lookup, old, body)
         held = size + (len(prefix.raw) + PER_PREFIX if prefix is not None else 0)
         entry = _Entry(how, out, size, dicts, orders, tuple(nested), prefix)
-        self._sessions.put(slot, entry, held)
+        self._entries.put(slot, entry, held)
 
     def forget(self, ref: SessionRef) -> None:
-        self._sessions.drop((ref.tenant, ref.key))
+        self._entries.drop((ref.tenant, ref.key))
 
 
 def _prefix(

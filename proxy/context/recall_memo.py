@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from policies.recall import Recalled
 from policies.types import Decision, Message, RecallSpec
 from proxy.store.base import SessionRef
-from proxy.store.sized import SizedLRU
+from proxy.store.sized import SizedCache, SizedLRU
 
 SESSIONS = 1024
 MAX_BYTES = 16 * 2**20
@@ -105,22 +105,11 @@ def result_of(
     )
 
 
-class RecallMemo:
+class RecallMemo(SizedCache[tuple[str, str], tuple[Hashable, RecallResult]]):
     def __init__(self, max_sessions: int = SESSIONS, max_bytes: int = MAX_BYTES) -> None:
         self._entries: SizedLRU[tuple[str, str], tuple[Hashable, RecallResult]] = SizedLRU(
             max_sessions, max_bytes
         )
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def max_bytes(self) -> int:
-        return self._entries.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._entries.max_bytes = value
 
     @staticmethod
     def key(

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from proxy.store.base import SessionRef, path_hash
-from proxy.store.sized import SizedLRU
+from proxy.store.sized import SizedCache, SizedLRU
 
 
 class Chain(NamedTuple):
@@ -52,29 +52,21 @@ class Prefix(NamedTuple):
 ITEM_BYTES = 160
 
 
-class ChainCache:
+class ChainCache(SizedCache[tuple[str, str], Chain]):
     """Bounded by sessions and by the bytes held (ITEM_BYTES an item); with admission, so a
     loop over more sessions than fit keeps hitting on a share of them (proxy/store/sized.py)."""
 
     def __init__(self, max_sessions: int = 1024, max_bytes: int = 16 * 2**20) -> None:
         # Keyed by (tenant, key): a plain tuple hashes in C, a SessionRef in Python.
-        self._chains: SizedLRU[tuple[str, str], Chain] = SizedLRU(
+        self._entries: SizedLRU[tuple[str, str], Chain] = SizedLRU(
             max_sessions, max_bytes, admission=True
         )
 
-    @property
-    def size(self) -> int:
-        """Bytes held (estimated)."""
-        return self._chains.size
-
-    def __len__(self) -> int:
-        return len(self._chains)
-
     def get(self, session: SessionRef) -> Chain | None:
-        return self._chains.peek((session.tenant, session.key))
+        return self._entries.peek((session.tenant, session.key))
 
     def prefix(self, session: SessionRef, content_hashes: Sequence[str]) -> Prefix:
-        chain = self._chains.get((session.tenant, session.key))
+        chain = self._entries.get((session.tenant, session.key))
         if chain is None:
             return Prefix(_extend([], content_hashes), (), None)
         known = chain.content_hashes
@@ -100,9 +92,9 @@ class ChainCache:
         """Remember a chain a committed job stored (its ids as the job returned them)."""
         key = (session.tenant, session.key)
         if not item_ids:
-            self._chains.drop(key)
+            self._entries.drop(key)
             return
-        held = self._chains.peek(key)
+        held = self._entries.peek(key)
         if (
             held is not None
             and held.session_id == session_id
@@ -111,13 +103,13 @@ class ChainCache:
         ):
             # The same chain again (a history resent as it was, the same reply): held
             # already, its path hashes too (they follow from the content hashes).
-            self._chains.touch(key)
+            self._entries.touch(key)
             return
         chain = Chain(session_id, tuple(content_hashes), tuple(path_hashes), tuple(item_ids))
-        self._chains.put(key, chain, len(item_ids) * ITEM_BYTES)
+        self._entries.put(key, chain, len(item_ids) * ITEM_BYTES)
 
     def forget(self, session: SessionRef) -> None:
-        self._chains.drop((session.tenant, session.key))
+        self._entries.drop((session.tenant, session.key))
 
 
 def _extend(paths: list[str], content_hashes: Sequence[str]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from proxy.store.base import SessionRef, StoredItem
 from proxy.store.rows import copied
-from proxy.store.sized import SizedLRU
+from proxy.store.sized import SizedCache, SizedLRU
 
 # What an item costs held, besides its message's JSON length (the dict and its
 # strings are about the JSON's size; the StoredItem, its two hash strings, its
@@ -35,28 +35,13 @@ class Held(NamedTuple):
     version: int = 0
 
 
-class HistoryCache:
+class HistoryCache(SizedCache[tuple[str, str], Held]):
     """Bounded by sessions and by the bytes held (JSON length plus ITEM_BYTES an item)."""
 
     def __init__(self, max_sessions: int = 1024, max_bytes: int = 64 * 2**20) -> None:
         self._entries: SizedLRU[tuple[str, str], Held] = SizedLRU(
             max_sessions, max_bytes, admission=True
         )
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def size(self) -> int:
-        return self._entries.size
-
-    @property
-    def max_bytes(self) -> int:
-        return self._entries.max_bytes
-
-    @max_bytes.setter
-    def max_bytes(self, value: int) -> None:
-        self._entries.max_bytes = value
 
     def held(self, session: SessionRef) -> Held | None:
         return self._entries.get((session.tenant, session.key))

@@ -104,6 +104,30 @@ class Uses(Generic[K]):
         self._n = kept
 
 
+class SizedCache(Generic[K, V]):
+    """A cache kept in one :class:`SizedLRU` (``_entries``): how many it holds, the bytes
+    they take and its budget are the map's (the runtime sets the budget from
+    ``cache.max_bytes``)."""
+
+    _entries: SizedLRU[K, V]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """Bytes held, as estimated by the cache that put them."""
+        return self._entries.size
+
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._entries.max_bytes = value
+
+
 class SizedLRU(Generic[K, V]):
     def __init__(self, max_entries: int, max_bytes: int, *, admission: bool = False) -> None:
         self.max_entries = max_entries

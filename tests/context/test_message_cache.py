@@ -337,7 +337,7 @@ def test_a_loop_over_more_sessions_than_fit_still_hits_on_those_held(hashed):
 
 def held_estimate(cache: MessageCache) -> tuple[int, int]:
     """The size the cache's entry for ALICE says, and the sum of its messages' estimates."""
-    entry = cache._sessions.peek((ALICE.tenant, ALICE.key))
+    entry = cache._entries.peek((ALICE.tenant, ALICE.key))
     assert entry is not None
     return entry.size, entry_bytes(entry)
 
