@@ -13,6 +13,8 @@ about 200 tokens each (the 20-message, ~4k-token body of bench/overhead.py).
   a scenario's sessions warms it (not measured), then the next passes are
   measured; scenarios are interleaved round by round so drift on a shared
   machine hits all alike. The ratios are what count.
+- **RSS after the CPU rounds**: what holding all their sessions took (printed
+  with them, no target).
 - **Memory**: the RSS of a fresh proxy after 1,000 sessions of 20 turns each
   (client-held history), then after 5,000 (``--quick``: 200 and 1,000).
 - **Storage**: the SQLite file's bytes per stored message against the

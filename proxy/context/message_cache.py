@@ -76,8 +76,10 @@ PER_MESSAGE = 440
 PER_NESTED = 1100
 # A key order not shared (the table of shared ones is full): its own tuple.
 PER_ORDER = 64
-# A body kept for its prefix: its bytes, and the prefix's fields (the bytes object,
-# the tuple, the dict of the fields before the messages).
+# A body kept for its prefix: its bytes, plus this for the BodyPrefix around them and
+# the fields before its messages (an estimate, not measured: the tuple and a small
+# dict such as {"model": ...}; fields as large as tool definitions placed before the
+# messages are held as well and not counted: the openai SDK sends the messages first).
 PER_PREFIX = 400
 # Distinct key orders shared by every entry (a few in practice: role/content,
 # role/content/name, tool results, tool calls...); past this many, a message
