@@ -91,7 +91,9 @@ class _Gathered:
 
 
 @contextlib.contextmanager
-def _gathered(receive: Receive, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[None]:
+def _gathered(
+    receive: Receive, loop: asyncio.AbstractEventLoop | None = None
+) -> Iterator[_Gathered | None]:
     """Fewer writes than uvicorn's one per message (a syscall, a segment and a wake-up of
     the client each): the request cycle's transport (uvicorn's ``receive`` is its bound
     method) is stood in for by a :class:`_Gathered` meanwhile, flushed at the end. Any
@@ -99,12 +101,12 @@ def _gathered(receive: Receive, loop: asyncio.AbstractEventLoop | None = None) -
     cycle: Any = getattr(receive, "__self__", None)
     transport = getattr(cycle, "transport", None)
     if transport is None or not hasattr(transport, "writelines"):
-        yield
+        yield None
         return
     gathered = _Gathered(transport, loop)
     cycle.transport = gathered
     try:
-        yield
+        yield gathered
     finally:
         cycle.transport = transport
         gathered.flush()
@@ -127,14 +129,22 @@ async def _stream(response: StreamingResponse, receive: Receive, send: Send) -> 
     try:
         # The head goes out with the first chunk when that is at hand already (as
         # aiohttp's server sends it), else at the task's first pause: never held back.
-        with _gathered(receive, asyncio.get_running_loop()):
+        # The first chunk goes at once: the task may run on through every chunk at
+        # hand and the exchange's ending before it pauses, and the first event must
+        # not wait for those. Later chunks share a write per turn of the loop.
+        with _gathered(receive, asyncio.get_running_loop()) as gathered:
             try:
                 start = {"type": "http.response.start", "status": response.status_code}
                 start["headers"] = response.raw_headers
                 await send(start)
+                first = gathered is not None
                 async for chunk in chunks:
                     data = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode()
                     await send({"type": "http.response.body", "body": data, "more_body": True})
+                    if first:
+                        first = False
+                        assert gathered is not None
+                        gathered.flush()
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except asyncio.CancelledError:
                 if not state["gone"]:

@@ -66,19 +66,24 @@ async def test_a_connection_closed_after_the_response_gets_it_whole_first() -> N
     assert transport.writes == [[b"HTTP/1.1 200\r\n\r\n", b"bye"]] and transport.closed
 
 
-async def test_a_stream_sends_its_head_with_what_is_at_hand_and_the_rest_as_it_comes() -> None:
+async def test_a_stream_sends_its_head_with_the_first_event_at_once_then_writes_per_turn() -> None:
     cycle = Cycle()
     transport = cycle.transport
+    head = b"HTTP/1.1 200\r\n\r\n"
 
     async def events() -> AsyncIterator[bytes]:
         yield b"data: 1\n\n"
+        # Out before the stream goes on: what follows may be at hand already, with the
+        # exchange's ending, and the first event does not wait for them.
+        assert transport.writes == [[head, b"data: 1\n\n"]]
         yield b"data: 2\n\n"
-        await asyncio.sleep(0.05)  # the upstream's next event is not there yet
-        assert transport.writes == [[b"HTTP/1.1 200\r\n\r\n", b"data: 1\n\n", b"data: 2\n\n"]]
         yield b"data: 3\n\n"
+        await asyncio.sleep(0.05)  # the upstream's next event is not there yet
+        assert transport.writes[1:] == [[b"data: 2\n\n", b"data: 3\n\n"]]
+        yield b"data: 4\n\n"
 
     await respond(StreamingResponse(events(), status_code=200), cycle.receive, cycle.send)
-    assert transport.writes[1:] == [[b"data: 3\n\n", b""]]
+    assert transport.writes[2:] == [[b"data: 4\n\n", b""]]
     assert cycle.transport is transport
 
 
