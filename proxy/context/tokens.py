@@ -237,6 +237,12 @@ def long_texts(messages: Iterable[Mapping[str, Any]]) -> Iterable[str]:
 
 def _key(value: object, kind: bytes = b"") -> tuple[int, int]:
     if not kind and type(value) is dict:
+        if len(value) == 2:
+            role, content = value.get("role"), value.get("content")
+            if type(role) is str and type(content) is str:
+                # {role, content} (most messages): the two hashed as they are, no items
+                # sorted (-2: a key of its own, never equal to the general one's).
+                return -2, hash((role, content))
         for item in value.values():
             if item is not None and type(item) is not str:
                 break

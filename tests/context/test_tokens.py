@@ -133,6 +133,24 @@ def test_an_unchanged_message_is_never_tokenized_twice() -> None:
     assert len(encoder.calls) == 6
 
 
+def test_a_role_and_content_message_is_counted_once_whatever_its_key_order() -> None:
+    encoder = CountingEncoder()
+    counter = TiktokenCounter("gpt-4o", encoding=encoder)
+    message = {"role": "user", "content": "two strings"}
+    first = counter.count_all([message, {"content": "two strings", "role": "user"}])
+    assert first[0] == first[1] and encoder.calls == ["user", "two strings"]
+    # Another role, other content, or a third field: counted for themselves.
+    others = [
+        {"role": "assistant", "content": "two strings"},
+        {"role": "user", "content": "two strings!"},
+        {"role": "user", "content": "two strings", "name": "bob"},
+        {"role": "user", "name": "two strings"},
+    ]
+    fresh = TiktokenCounter("gpt-4o", encoding=CountingEncoder())
+    assert counter.count_all(others) == [fresh.count_message(m) for m in others]
+    assert len(encoder.calls) == 2 + 2 + 2 + 3 + 2
+
+
 def test_count_all_counts_each_message_as_count_message_does() -> None:
     encoder = CountingEncoder()
     counter = TiktokenCounter("gpt-4o", encoding=encoder)
