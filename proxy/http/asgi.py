@@ -60,8 +60,8 @@ async def respond(response: Response, receive: Receive, send: Send) -> None:
 class _Gathered:
     """A transport stand-in that keeps what is written, for one vectored write later:
     at ``flush``, and (``loop`` given) at the loop's next turn, so what is sent in one
-    run of the task (a stream's head and the chunks already at hand) goes out together,
-    and nothing waits past the task's next pause."""
+    run of the task (a stream's chunks already at hand) goes out together, and nothing
+    waits past the task's next pause."""
 
     def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.transport = transport
@@ -127,24 +127,23 @@ async def _stream(response: StreamingResponse, receive: Receive, send: Send) -> 
     waiter.add_done_callback(left)
     chunks = response.body_iterator
     try:
-        # The head goes out with the first chunk when that is at hand already (as
-        # aiohttp's server sends it), else at the task's first pause: never held back.
-        # The first chunk goes at once: the task may run on through every chunk at
-        # hand and the exchange's ending before it pauses, and the first event must
-        # not wait for those. Later chunks share a write per turn of the loop.
+        # The head goes out with the first chunk (as aiohttp's server sends it), at
+        # once: the task may run on through every chunk at hand and the exchange's
+        # ending before it pauses, and the first event must not wait for those. A
+        # head whose first chunk is not at hand goes at the task's first pause; later
+        # chunks share a write per turn of the loop.
         with _gathered(receive, asyncio.get_running_loop()) as gathered:
             try:
                 start = {"type": "http.response.start", "status": response.status_code}
                 start["headers"] = response.raw_headers
                 await send(start)
-                first = gathered is not None
+                holding_head = gathered
                 async for chunk in chunks:
                     data = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode()
                     await send({"type": "http.response.body", "body": data, "more_body": True})
-                    if first:
-                        first = False
-                        assert gathered is not None
-                        gathered.flush()
+                    if holding_head is not None:
+                        holding_head.flush()
+                        holding_head = None
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except asyncio.CancelledError:
                 if not state["gone"]:

@@ -87,6 +87,19 @@ async def test_a_stream_sends_its_head_with_the_first_event_at_once_then_writes_
     assert cycle.transport is transport
 
 
+async def test_a_stream_whose_first_event_is_not_at_hand_sends_its_head_meanwhile() -> None:
+    cycle = Cycle()
+    transport = cycle.transport
+
+    async def events() -> AsyncIterator[bytes]:
+        await asyncio.sleep(0.05)  # the upstream is still thinking
+        assert transport.writes == [[b"HTTP/1.1 200\r\n\r\n"]]
+        yield b"data: 1\n\n"
+
+    await respond(StreamingResponse(events(), status_code=200), cycle.receive, cycle.send)
+    assert transport.writes[1:] == [[b"data: 1\n\n"], [b""]]
+
+
 async def test_without_a_cycle_behind_receive_the_messages_go_as_they_come() -> None:
     sent: list[dict[str, Any]] = []
 
