@@ -247,9 +247,10 @@ def _key(value: object, kind: bytes = b"") -> tuple[int, int]:
             if item is not None and type(item) is not str:
                 break
         else:
-            # A message of strings (most are): its items hashed, in key order as the
-            # JSON below is, none written (-1: never a length, so never such a key).
-            return -1, hash(tuple(sorted(value.items())))
+            # Any other message of strings (a tool result, a named one): its items
+            # hashed as a set, in no order as the JSON below is in key order, none
+            # written (-1: never a length, so never such a key).
+            return -1, hash(frozenset(value.items()))
     try:
         data = kind + orjson.dumps(value, option=_SORTED, default=_jsonable)
     except TypeError:  # orjson's JSONEncodeError: e.g. an integer over 64 bits

@@ -148,6 +148,7 @@ def test_a_role_and_content_message_is_counted_once_whatever_its_key_order() -> 
     ]
     fresh = TiktokenCounter("gpt-4o", encoding=CountingEncoder())
     assert counter.count_all(others) == [fresh.count_message(m) for m in others]
+    # Each tokenized once, text by text: role and content, the third with its name.
     assert len(encoder.calls) == 2 + 2 + 2 + 3 + 2
 
 
