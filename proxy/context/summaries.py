@@ -244,14 +244,29 @@ class SummaryService:
         """After the answer: prepare the next summary in the background if it will be needed."""
         if ctx.ref is None or ctx.hashes is None or not ctx.spec.prefetch:
             return
-        self.background.spawn(self._prefetch(ctx, reply, reply_hash), name="summary-prefetch")
+        known = ctx.paths or []
+        paths = [*known, path_hash(known[-1] if known else None, reply_hash)]
+        # Usually planned before with nothing to make: told without a task or a read when
+        # the store knows the session's summaries (SQLite's memo).
+        stored = self.store.summaries_known(ctx.ref, paths)
+        if stored is not None and self._idle(ctx, paths, self._stored.states(stored, paths)):
+            return
+        self.background.spawn(
+            self._prefetch(ctx, reply, reply_hash, paths), name="summary-prefetch"
+        )
 
-    async def _prefetch(self, ctx: SummaryContext, reply: Message, reply_hash: str) -> None:
+    def _idle(self, ctx: SummaryContext, paths: Sequence[str], states: list[SummaryState]) -> bool:
+        """A prefetch of ``paths`` was planned before with these summaries: nothing to make."""
+        assert ctx.ref is not None
+        memo_key = self._key(ctx, paths, len(ctx.messages) + 1, states)
+        return memo_key is not None and self.memo.idle(ctx.ref, memo_key)
+
+    async def _prefetch(
+        self, ctx: SummaryContext, reply: Message, reply_hash: str, paths: list[str]
+    ) -> None:
         assert ctx.ref is not None and ctx.hashes is not None
         messages = [*ctx.messages, reply]
         hashes = [*ctx.hashes, reply_hash]
-        known = ctx.paths or []
-        paths = [*known, path_hash(known[-1] if known else None, reply_hash)]
         states = await self._states(ctx.ref, paths)
         memo_key = self._key(ctx, paths, len(messages), states)
         if memo_key is not None and self.memo.idle(ctx.ref, memo_key):

@@ -430,6 +430,16 @@ class Store(Protocol):
         """
         ...
 
+    def summaries_known(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary] | None:
+        """What ``summaries_for`` would answer, when the process holds it exactly, with no
+        I/O (a memo of the session's summaries); None when only a read can tell.
+
+        A request path that needs no summary asks this first and reads nothing.
+        """
+        ...
+
 
 def chain_path_hashes(content_hashes: Sequence[str]) -> list[str]:
     """Path hashes of a chain from the root: each item's identity given its ancestry."""

@@ -543,8 +543,24 @@ class MemoryStore:
     async def summaries_for(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
     ) -> list[StoredSummary]:
+        async with self._lock:
+            return self._covering(session, path_hashes, limit)
+
+    def summaries_known(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary] | None:
+        # Every write changes the dicts without a pause under the lock: read as they are.
+        return self._covering(session, path_hashes, limit)
+
+    def _covering(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int
+    ) -> list[StoredSummary]:
+        row = self._sessions.get((session.tenant, session.key))
+        if row is None:
+            return []
         position = {h: i for i, h in enumerate(path_hashes)}
-        found = [s for s in await self.summaries(session) if s.covers_path_hash in position]
+        found = [_summary(d) for d in self._summaries.get(row.id, [])]
+        found = [s for s in found if s.covers_path_hash in position]
         found.sort(key=lambda s: (position[s.covers_path_hash], s.id), reverse=True)
         return found[:limit]
 

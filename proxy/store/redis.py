@@ -439,6 +439,12 @@ class RedisStore:
         found.sort(key=lambda s: (position[s.covers_path_hash], s.id), reverse=True)
         return found[:limit]
 
+    def summaries_known(
+        self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
+    ) -> list[StoredSummary] | None:
+        # Other instances write summaries too, and nothing tells this one: always read.
+        return None
+
 
 _WRITE_SCRIPTS = (
     "RECORD",

@@ -70,6 +70,11 @@ class SummaryMemo:
                 self._sessions.popitem(last=False)
         return found[1]
 
+    def known(self, session: SessionRef) -> list[StoredSummary] | None:
+        """The session's summaries when memoized (no read, no change of order); else None."""
+        found = self._sessions.get((session.tenant, session.key))
+        return None if found is None else found[1]
+
     def written(self, session: SessionRef, session_id: int) -> None:
         """An exchange was committed to ``session_id``: a memo of another id is stale."""
         found = self._sessions.get((session.tenant, session.key))

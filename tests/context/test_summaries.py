@@ -231,3 +231,33 @@ async def test_a_prefetch_that_found_nothing_to_make_is_not_planned_again(
     service.prefetch_after(ctx(messages, summarizer, model="m"), other, content_hash(other))
     await service.background.drain()
     assert len(plans) == 2
+
+
+async def test_a_prefetch_planned_idle_before_is_told_with_no_task_and_no_read(
+    service: SummaryService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = service.store
+    assert isinstance(store, MemoryStore)
+    reads: list[int] = []
+    real = store.summaries_for
+
+    async def read(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "summaries_for", read)
+    summarizer = Scripted()
+    messages = conversation(1)
+    reply = {"role": "assistant", "content": "ok"}
+    service.prefetch_after(ctx(messages, summarizer, model="m"), reply, content_hash(reply))
+    assert service.background.pending == 1
+    await service.background.drain()
+    assert len(reads) == 1
+    service.prefetch_after(ctx(messages, summarizer, model="m"), reply, content_hash(reply))
+    assert service.background.pending == 0 and len(reads) == 1
+    # A store that cannot tell without a read (PostgreSQL, Redis): the task reads, as before.
+    monkeypatch.setattr(store, "summaries_known", lambda *args, **kwargs: None)
+    service.prefetch_after(ctx(messages, summarizer, model="m"), reply, content_hash(reply))
+    assert service.background.pending == 1
+    await service.background.drain()
+    assert len(reads) == 2 and summarizer.requests == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ from proxy.store.base import (
     SummaryIn,
     chain_path_hashes,
 )
+from proxy.store.memory import MemoryStore
+from proxy.store.sqlite import SqliteStore
 from tests.stores import ALICE, msg, req
 
 CHAT = [msg("system", "be brief")] + [
@@ -135,3 +138,51 @@ async def test_a_summary_must_cover_something(store: Store) -> None:
     with pytest.raises(ValueError):
         await store.save_summary(ALICE, [], summary())
     assert await store.summaries(ALICE) == []
+
+
+async def _known_agrees(store: Store, ref: SessionRef, paths: list[str]) -> list[Any]:
+    """What ``summaries_known`` tells with no read, then what a read finds: the same, or
+    None; the read's answer."""
+    known = store.summaries_known(ref, paths)
+    found = await store.summaries_for(ref, paths)
+    assert known is None or known == found, (known, found)
+    return found
+
+
+async def test_summaries_known_with_no_read_is_what_a_read_finds_after_every_write(
+    store: Store,
+) -> None:
+    assert await _known_agrees(store, ALICE, PATHS) == []
+    short = await store.save_summary(ALICE, CHAT[:3], summary("short"))
+    assert await _known_agrees(store, ALICE, PATHS) == [short]
+    long = await store.save_summary(ALICE, CHAT[:7], summary("long", previous_summary_id=short.id))
+    assert await _known_agrees(store, ALICE, PATHS) == [long, short]
+    assert await _known_agrees(store, ALICE, PATHS[:5]) == [short]
+    edited = [*CHAT[:3], msg("assistant", "an edited reply"), *CHAT[4:]]
+    branch = chain_path_hashes([m.content_hash for m in edited])
+    assert await _known_agrees(store, ALICE, branch) == [short]
+    assert await _known_agrees(store, SessionRef("tenant-b", ALICE.key), PATHS) == []
+    await store.record_exchange(ALICE, CHAT, msg("assistant", "reply"), req())
+    assert await _known_agrees(store, ALICE, PATHS) == [long, short]
+    assert await store.delete_session(ALICE)
+    assert await _known_agrees(store, ALICE, PATHS) == []
+    # Made again, the session has none.
+    await store.record_exchange(ALICE, CHAT[:3], None, req())
+    assert await _known_agrees(store, ALICE, PATHS) == []
+
+
+async def test_the_process_local_stores_know_a_read_sessions_summaries_with_no_read(
+    tmp_path: Path,
+) -> None:
+    # SQLite memoizes what it read (every write goes through this process); the fake
+    # holds everything. The shared stores always read (tested above to answer None or
+    # the truth).
+    for store in (SqliteStore(tmp_path / "s.sqlite"), MemoryStore()):
+        await store.open()
+        try:
+            saved = await store.save_summary(ALICE, CHAT[:5], summary())
+            await store.summaries_for(ALICE, PATHS)
+            assert store.summaries_known(ALICE, PATHS) == [saved]
+            assert store.summaries_known(ALICE, PATHS[:3]) == []
+        finally:
+            await store.close()
