@@ -79,7 +79,7 @@ async def summarize(
     ``counts``: the conversation's token counts (a session's message cache has them).
     """
     count = rt.rewriter.counter(conversation, model, hashes, counts=counts)
-    tokens = conversation_tokens(spec, conversation, count)
+    tokens = conversation_tokens(spec, conversation, count, counts)
     budget, factor = rt.rewriter.budget(spec, body, model, tokens=tokens)
     auth = {"authorization": headers["authorization"]} if "authorization" in headers else {}
     upstream_configs, upstreams = rt.config.upstreams, rt.upstreams

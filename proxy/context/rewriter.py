@@ -41,11 +41,18 @@ def _uncalibrated(model: str) -> float:
 
 
 def conversation_tokens(
-    spec: PolicySpec, messages: Sequence[Message], count: CountFn
+    spec: PolicySpec,
+    messages: Sequence[Message],
+    count: CountFn,
+    counts: Sequence[int] | None = None,
 ) -> int | None:
-    """The conversation's tokens when ``spec`` recalls (for :meth:`Rewriter.budget`); else None."""
+    """The conversation's tokens when ``spec`` recalls (for :meth:`Rewriter.budget`); else None.
+
+    ``counts``: the messages' counts, when known (summed, no message counted one by one)."""
     if getattr(spec, "recall", None) is None:
         return None
+    if counts is not None:
+        return sum(counts)
     return sum(count(m) for m in messages)
 
 
@@ -95,7 +102,7 @@ class Rewriter:
         """
         spec = self._policies[policy]
         count = self.counter(messages, model, keys, counts)
-        tokens = conversation_tokens(spec, messages, count)
+        tokens = conversation_tokens(spec, messages, count, counts)
         budget, factor = self.budget(spec, body, model, tokens=tokens)
         if memo is None or ref is None or keys is None or counts is None:
             return self._decide(messages, spec, count, budget, factor, counts)

@@ -82,3 +82,15 @@ def test_a_session_resending_its_request_gets_the_same_decision_from_the_memo():
     fixed = {"tools": [{"type": "function", "function": {"name": "f" * 400}}]}
     assert decide(again, fixed) == rw.decide("plain", again, fixed, "gpt-4o")
     assert decide(again, {}, "p") == rw.decide("p", again, {}, "gpt-4o")
+
+
+def test_the_counts_a_session_holds_decide_whether_recall_needs_its_reserve():
+    # Whether the conversation fits the whole budget is the sum of the counts given
+    # (the message cache's), not a count of every message again.
+    messages = chat(6, 40)  # about 600 tokens by tiktoken: fits the budget of 1000
+    counted = [len(m["content"].split()) + 4 for m in messages]
+    fits = rewriter().decide("p", messages, {}, "gpt-4o", counts=counted)
+    assert fits.extra.get("recall_budget", 0) == 0
+    heavy = [200] * len(messages)  # said to be 2,600 tokens: over it, the reserve is taken
+    over = rewriter().decide("p", messages, {}, "gpt-4o", counts=heavy)
+    assert over.extra["recall_budget"] > 0
