@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from policies.recall_ranking import LINE_TOKENS, Hit, Ranking, take
 from policies.recall_units import ChatShape, Picker, Shape, Span
@@ -226,9 +226,7 @@ def recall(
         tokens=tokens,
         position=at,
     )
-    return replace(decision, messages=forwarded, tokens_after=decision.tokens_after + tokens), (
-        recalled
-    )
+    return decision.but(messages=forwarded, tokens_after=decision.tokens_after + tokens), (recalled)
 
 
 def _newest_user(messages: Sequence[Message]) -> int | None:

@@ -9,7 +9,6 @@ trimming fallback); any other policy through the rewriter, as before.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,8 +115,8 @@ async def summarize(
         ) from exc
     decision = outcome.decision
     if factor != 1.0:
-        decision = dataclasses.replace(decision, extra={**decision.extra, "calibration": factor})
+        decision = decision.but(extra={**decision.extra, "calibration": factor})
     room = recall_budget(budget, decision)
     if room:
-        decision = dataclasses.replace(decision, extra={**decision.extra, "recall_budget": room})
+        decision = decision.but(extra={**decision.extra, "recall_budget": room})
     return decision, outcome, ctx

@@ -115,7 +115,7 @@ class PlannedView:
         """The decision for ``messages`` (the request the key was made of)."""
         forwarded = [messages[t] if isinstance(t, int) else dict(t) for t in self.template]
         extra = {k: _copied(v) for k, v in self.decision.extra.items()}
-        return dataclasses.replace(self.decision, messages=forwarded, extra=extra)
+        return self.decision.but(messages=forwarded, extra=extra)
 
     @property
     def size(self) -> int:

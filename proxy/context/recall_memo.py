@@ -26,7 +26,7 @@ Entries are shared: the block is copied for each request.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from policies.recall import Recalled
 from policies.types import Decision, Message, RecallSpec
@@ -68,8 +68,7 @@ class RecallResult:
         ):
             return None
         block = dict(self.block)  # the forwarded list is the request's own
-        return replace(
-            decision,
+        return decision.but(
             messages=[*forwarded[:at], block, *forwarded[at:]],
             tokens_after=decision.tokens_after + self.recalled.tokens,
         )

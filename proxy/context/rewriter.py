@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -148,7 +147,7 @@ class Rewriter:
                 extra["calibration"] = factor
             if room or retried:
                 extra["recall_budget"] = room
-            decision = dataclasses.replace(decision, extra=extra)
+            decision = decision.but(extra=extra)
         return decision
 
     def spec(self, policy: str) -> PolicySpec:
