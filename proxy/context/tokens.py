@@ -151,6 +151,11 @@ class CountCache:
     def __len__(self) -> int:
         return len(self._data)
 
+    @property
+    def entries(self) -> OrderedDict[Hashable, int]:
+        """The counts by key, least recently used first (read, and touched, in place)."""
+        return self._data
+
     def get(self, key: Hashable) -> int | None:
         value = self._data.get(key)
         if value is not None:
@@ -297,7 +302,9 @@ class TiktokenCounter:
 
     def count_all(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
         """Each message's :meth:`count_message`, in one pass (a request's messages)."""
-        get, put = self._cache.get, self._cache.put
+        # The cache's dict itself: a request's messages are looked up with no call each.
+        seen, put = self._cache.entries, self._cache.put
+        get, touch = seen.get, seen.move_to_end
         counts: list[int] = []
         for message in messages:
             key = _key(message)
@@ -305,6 +312,8 @@ class TiktokenCounter:
             if raw is None:
                 raw = self._message_tokens(message)
                 put(key, raw)
+            else:
+                touch(key)
             counts.append(raw)
         return counts if self.scale == 1.0 else [self._scaled(raw) for raw in counts]
 

@@ -265,6 +265,23 @@ def test_the_count_cache_evicts_the_least_recently_used() -> None:
     assert cache.get((2, 2)) is None and cache.get((1, 1)) == 10 and len(cache) == 2
 
 
+def test_a_message_count_all_finds_in_the_cache_is_kept_as_the_most_recent() -> None:
+    counter = TiktokenCounter("gpt-4o", encoding=load_encoding("o200k_base"))
+    counter._cache.maxsize = 2
+    old, other, new = ({"role": "user", "content": f"message {i}"} for i in range(3))
+    counter.count_all([old, other])
+    counter.count_all([old])  # a hit: now the most recent
+    counter.count_all([new])  # evicts the least recent: other
+    assert len(counter._cache) == 2
+    calls: list[object] = []
+    real = counter._message_tokens
+    counter._message_tokens = lambda m: calls.append(m) or real(m)  # type: ignore[method-assign]
+    counter.count_all([old])
+    assert calls == []
+    counter.count_all([other])
+    assert calls == [other]
+
+
 def _content_key(i: int) -> object:
     """A message's content hash (the session layer's key), held by nothing else."""
     return hashlib.blake2b(b"message %d" % i, digest_size=16).hexdigest()
