@@ -226,7 +226,7 @@ def recall(
         tokens=tokens,
         position=at,
     )
-    return decision.but(messages=forwarded, tokens_after=decision.tokens_after + tokens), (recalled)
+    return decision.but(messages=forwarded, tokens_after=decision.tokens_after + tokens), recalled
 
 
 def _newest_user(messages: Sequence[Message]) -> int | None:
