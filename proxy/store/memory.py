@@ -32,6 +32,7 @@ from proxy.store.base import (
     request_row,
 )
 from proxy.store.pruning import exclusive_suffix
+from proxy.store.sqlite_summaries import covering_summaries
 from proxy.store.vectors import ItemVector, StoredVectors
 
 
@@ -558,11 +559,8 @@ class MemoryStore:
         row = self._sessions.get((session.tenant, session.key))
         if row is None:
             return []
-        position = {h: i for i, h in enumerate(path_hashes)}
         found = [_summary(d) for d in self._summaries.get(row.id, [])]
-        found = [s for s in found if s.covers_path_hash in position]
-        found.sort(key=lambda s: (position[s.covers_path_hash], s.id), reverse=True)
-        return found[:limit]
+        return covering_summaries(found, path_hashes, limit)
 
 
 def _summary(data: bytes) -> StoredSummary:

@@ -54,6 +54,7 @@ from proxy.store.chains import ChainCache
 from proxy.store.redis_history import RedisHistoryCache
 from proxy.store.redis_search import index_terms
 from proxy.store.redis_writes import RETRY, RecordCall
+from proxy.store.sqlite_summaries import covering_summaries
 from proxy.telemetry.logging import get_logger
 
 log = get_logger()
@@ -434,10 +435,7 @@ class RedisStore:
     async def summaries_for(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
     ) -> list[StoredSummary]:
-        position = {h: i for i, h in enumerate(path_hashes)}
-        found = [s for s in await self.summaries(session) if s.covers_path_hash in position]
-        found.sort(key=lambda s: (position[s.covers_path_hash], s.id), reverse=True)
-        return found[:limit]
+        return covering_summaries(await self.summaries(session), path_hashes, limit)
 
     def summaries_known(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4

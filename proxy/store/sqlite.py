@@ -459,24 +459,15 @@ class SqliteStore:
     ) -> list[StoredSummary]:
         # Memoized per session (proxy/store/summary_memo.py): no read while nothing changed.
         found = await self._summaries.summaries(session, lambda: self._session_summaries(session))
-        return _covering(found, path_hashes, limit)
+        return sqlite_summaries.covering_summaries(found, path_hashes, limit)
 
     def summaries_known(
         self, session: SessionRef, path_hashes: Sequence[str], limit: int = 4
     ) -> list[StoredSummary] | None:
         found = self._summaries.known(session)
-        return None if found is None else _covering(found, path_hashes, limit)
-
-
-def _covering(
-    found: Sequence[StoredSummary], path_hashes: Sequence[str], limit: int
-) -> list[StoredSummary]:
-    """Of a session's summaries, those ``summaries_for`` answers."""
-    if not found:
-        return []
-    ids = sqlite_summaries.covering([(s.id, s.covers_path_hash) for s in found], path_hashes, limit)
-    by_id = {s.id: s for s in found}
-    return [by_id[i] for i in ids]
+        if found is None:
+            return None
+        return sqlite_summaries.covering_summaries(found, path_hashes, limit)
 
 
 _item = item_from_row

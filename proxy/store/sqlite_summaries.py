@@ -103,3 +103,15 @@ def covering(
     found = [(position[h], summary_id) for summary_id, h in covers if h in position]
     found.sort(reverse=True)
     return [summary_id for _, summary_id in found[:limit]]
+
+
+def covering_summaries(
+    summaries: Sequence[StoredSummary], path_hashes: Sequence[str], limit: int
+) -> list[StoredSummary]:
+    """Of a session's summaries, those on the chain (``Store.summaries_for``'s answer, for
+    a store that holds them all: SQLite's memo, the in-memory fake, Redis)."""
+    if not summaries:
+        return []
+    ids = covering([(s.id, s.covers_path_hash) for s in summaries], path_hashes, limit)
+    by_id = {s.id: s for s in summaries}
+    return [by_id[i] for i in ids]

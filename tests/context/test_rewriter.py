@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.types import RecallSpec, TrimSpec
-from proxy.context.rewriter import Rewriter
+from proxy.context.rewriter import Rewriter, conversation_tokens
 
 SPEC = TrimSpec(max_tokens=1000, recall=RecallSpec(share=0.5))
 
@@ -87,6 +87,11 @@ def test_a_session_resending_its_request_gets_the_same_decision_from_the_memo():
 def test_the_counts_a_session_holds_decide_whether_recall_needs_its_reserve():
     # Whether the conversation fits the whole budget is the sum of the counts given
     # (the message cache's), not a count of every message again.
+    def uncounted(message: Any) -> int:
+        raise AssertionError("a message was counted again")
+
+    assert conversation_tokens(SPEC, chat(2, 1), uncounted, [3, 4, 5, 6, 7]) == 25
+    assert conversation_tokens(TrimSpec(max_tokens=1000), chat(2, 1), uncounted, [1]) is None
     messages = chat(6, 40)  # about 600 tokens by tiktoken: fits the budget of 1000
     counted = [len(m["content"].split()) + 4 for m in messages]
     fits = rewriter().decide("p", messages, {}, "gpt-4o", counts=counted)
