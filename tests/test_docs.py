@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 SHELL_LANGS = {"", "sh", "bash", "shell", "console", "shell-session"}
 
@@ -88,6 +89,7 @@ def links(path: Path) -> list[str]:
     prose, _ = split(path.read_text())
     out: list[str] = []
     for line in prose:
+        out += REFERENCE.findall(line)  # [name]: target
         line = INLINE_CODE.sub("", line)
         out += LINK.findall(line)
     return out
@@ -310,6 +312,7 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path):
         "[web](https://example.com/x) `[not a link](nowhere.md)`\n"
         "[gone](docs/missing.md) [bad anchor](docs/guide.md#third)\n"
         "[out](../elsewhere.md) [self](#nope)\n"
+        "[ref]: docs/gone.md\n"
         "```\n[in code](ignored.md)\n```\n",
     )
     assert broken_links([page], tmp_path) == [
@@ -317,6 +320,7 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path):
         "README.md: docs/guide.md#third (no heading with this anchor)",
         "README.md: ../elsewhere.md (outside the repository)",
         "README.md: #nope (no heading with this anchor)",
+        "README.md: docs/gone.md (no such file)",
     ]
 
 
