@@ -131,8 +131,9 @@ def commands(path: Path) -> list[str]:
                     continue  # output
                 line = line[2:]
             shown.append(line.rstrip("\\").strip())
-    for line in prose:
-        shown += [m.group(2).strip() for m in INLINE_CODE.finditer(line)]
+    paragraphs = " ".join(line.strip() or "\n" for line in prose).split("\n")
+    for paragraph in paragraphs:  # an inline span may wrap across lines
+        shown += [m.group(2).strip() for m in INLINE_CODE.finditer(paragraph)]
     out: list[str] = []
     for line in shown:
         line = line.split(" #", 1)[0].strip()
