@@ -59,6 +59,19 @@ class PayloadTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class UnsupportedEncoding(InvalidRequest):
+    """A request body's Content-Encoding the proxy cannot decode (415)."""
+
+    status = 415
+    code = "unsupported_content_encoding"
+
+
+class CorruptEncoding(InvalidRequest):
+    """A request body that is not what its Content-Encoding says (400)."""
+
+    code = "invalid_content_encoding"
+
+
 class RequestTimeout(InvalidRequest):
     """The client was too slow sending its request (408)."""
 
