@@ -26,7 +26,10 @@ and reasons); only the layout differs:
   leads into a dropped call.
 - ``function_call_output`` and ``custom_tool_call_output`` items over
   ``tool_output_max_tokens`` are clipped like chat tool results (head and
-  tail kept), when their output is a string.
+  tail kept), when their output is a string; with ``mask_tool_outputs``
+  old ones are masked like chat tool results (policies.mask), their
+  ``output`` replaced by the one-line placeholder. Either way the item
+  stays, with its ``call_id``, in its unit: a call is never without its output.
 
 Recall (policies/recall.py) takes back the same units: :class:`ItemShape`
 says where they are (a call with its output, reasoning with its item) and
@@ -46,9 +49,10 @@ from dataclasses import replace
 from itertools import accumulate
 from typing import Any
 
-from policies.apply import passthrough
+from policies.apply import passthrough, with_masks
+from policies.mask import mask_view, output_placeholder
 from policies.transcript import message_text
-from policies.trim import Layout, clip_tool_result, trim_units
+from policies.trim import Layout, clip_tool_result, mask_candidates, trim_units
 from policies.types import (
     Budget,
     CountFn,
@@ -190,9 +194,20 @@ def clip_item_output(
 def trim_items(
     items: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Budget
 ) -> Decision:
-    """:func:`policies.trim.trim` for Responses items; raises ContextTooLong when nothing fits."""
+    """:func:`policies.trim.trim` for Responses items; raises ContextTooLong when nothing fits.
+
+    ``mask_tool_outputs``: old tool outputs (string ``output`` of a function or
+    custom tool call) become placeholders at the budget crossings, as chat tool
+    results do; the call, its ``call_id`` and the output item itself stay.
+    """
     items = list(items)
-    return trim_units(items, item_layout(items), spec, count, budget, clip_item_output)
+    layout = item_layout(items)
+    masks = None
+    if spec.mask_tool_outputs is not None:
+        masks = mask_candidates(
+            items, layout.clippable, spec.mask_tool_outputs, count, output_placeholder
+        )
+    return trim_units(items, layout, spec, count, budget, clip_item_output, masks)
 
 
 def apply_items(
@@ -202,6 +217,18 @@ def apply_items(
     if isinstance(spec, TrimSpec):
         return trim_items(items, spec, count, budget)
     if isinstance(spec, NoneSpec):
+        if spec.mask_tool_outputs is not None:
+            layout = item_layout(items)
+            view = mask_view(
+                items,
+                layout.starts,
+                layout.clippable,
+                spec.mask_tool_outputs,
+                count,
+                output_placeholder,
+            )
+            if view.masked:
+                return with_masks(passthrough(view.messages, count, budget), view)
         return passthrough(items, count, budget)
     if isinstance(spec, SummarizeSpec):
         # Items are not summarized (yet): the trimming a summarize policy's
