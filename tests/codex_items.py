@@ -160,14 +160,14 @@ def listing(turn: int, fact: str | None = None, lines: int = 60) -> str:
     return "\n".join(rows)
 
 
-def turn(t: int, fact: str | None = None) -> list[dict[str, Any]]:
+def turn(t: int, fact: str | None = None, lines: int = 60) -> list[dict[str, Any]]:
     """One Codex turn: the user's ask, then reasoning before each call, every call kind
     with its output, a web search, an unknown item, and the closing answer."""
     return [
         user(f"Turn {t}: look at the files of module {t} and fix what is broken."),
         reasoning(f"Listing module {t}", 10 * t),
         exec_call(f"call_exec_{t}", f"ls -la src/module_{t}"),
-        exec_output(f"call_exec_{t}", listing(t, fact)),
+        exec_output(f"call_exec_{t}", listing(t, fact, lines)),
         reasoning(f"Searching issues {t}", 10 * t + 1),
         namespaced_call(f"call_mcp_{t}", f"module {t} crash"),
         {
