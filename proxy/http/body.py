@@ -178,7 +178,7 @@ def error_response(error: ProxyError, headers: Mapping[str, str] | None = None) 
         error.body_bytes(),
         status_code=error.status,
         media_type="application/json",
-        headers=dict(headers or {}),
+        headers={**(headers or {}), **error.headers},
     )
 
 

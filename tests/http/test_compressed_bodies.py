@@ -241,6 +241,7 @@ def test_an_unknown_encoding_is_a_415(proxy, path):
         "code": "unsupported_content_encoding",
     }
     assert "'compress'" in error["message"]
+    assert answer.headers["accept-encoding"] == "zstd, gzip, deflate, br"
 
 
 @pytest.mark.parametrize("coding", ["zstd", "gzip", "br", "deflate"])
