@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.http.content_encoding import codings
 from proxy.http.content_encoding import decode as decoded
 from proxy.http.shape import MAX_DEPTH, check_depth
 
@@ -47,10 +48,12 @@ async def read_body(
     the bytes as they came (pass-through endpoints relay them so).
     """
     raw = await _read_raw(request, limit, idle_timeout_s)
-    if decode:
+    if decode and raw:
         coding = content_encoding(request.scope)
-        if coding is not None:
-            return decoded(raw, coding, limit)
+        if coding is not None and codings(coding):
+            # In a worker thread: up to the limit's worth of output (a bomb's 32 MiB takes
+            # ~150 ms), which other requests must not wait for.
+            return await asyncio.to_thread(decoded, raw, coding, limit)
     return raw
 
 

@@ -27,6 +27,7 @@ runs and nothing is stored: this is a reverse proxy hop, no more.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -135,7 +136,8 @@ class Relay:
                 body = await read_body(request, limit, decode=False)
                 self.bytes_in = len(body)
                 if rt.router.needs_model(path):
-                    model = _model_of(body if coding is None else decode(body, coding, limit))
+                    plain = body if coding is None else await _decoded(body, coding, limit)
+                    model = _model_of(plain)
             else:
                 streamed = _ClientBody(request.receive)
         self.route = route = self._match(path, model)
@@ -153,7 +155,7 @@ class Relay:
         encoded = True
         if config.base_url is None and body is not None and coding is not None:
             # litellm parses the body itself: it gets the decoded bytes.
-            body, encoded = decode(body, coding, limit), False
+            body, encoded = await _decoded(body, coding, limit), False
         sent = forward_headers(headers.items(), config, rt.config.session.header, encoded=encoded)
         length = headers.get("content-length")
         if streamed is not None and length is not None:
@@ -269,6 +271,11 @@ def _has_body(headers: Any) -> bool:
     if length is not None:
         return length.strip() not in ("", "0")
     return "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+async def _decoded(body: bytes, coding: str, limit: int) -> bytes:
+    """``body`` decoded in a worker thread (as read_body does: up to the limit's worth)."""
+    return await asyncio.to_thread(decode, body, coding, limit)
 
 
 def _model_of(body: bytes) -> str | None:

@@ -297,3 +297,9 @@ def test_a_pass_through_route_by_model_reads_a_compressed_body(
     answer = post(proxy, "/v1/moderations", body, "gzip")
     assert answer.status_code == 200, answer.text
     assert upstream.received[-1].raw == body
+
+
+def test_an_empty_body_with_a_coding_is_the_empty_body_error(proxy):
+    answer = post(proxy, "/v1/chat/completions", b"", "gzip")
+    assert answer.status_code == 400
+    assert "empty" in answer.json()["error"]["message"]
