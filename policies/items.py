@@ -21,7 +21,8 @@ and reasons); only the layout differs:
 - Any other item, unknown types included, is a plain member of its turn:
   forwarded as the very same object, counted, dropped only with its turn.
 - Function and custom tool calls without their output, and outputs without
-  their call, are broken input the upstream would reject (400): they are
+  their call (a ``function_call_output`` may answer a ``local_shell_call``, as
+  Codex sends it), are broken input the upstream would reject (400): they are
   dropped and listed in ``Decision.repaired``, with any reasoning item that
   leads into a dropped call.
 - ``function_call_output`` and ``custom_tool_call_output`` items over
@@ -143,6 +144,9 @@ def _orphans(items: Sequence[Message], kinds: Sequence[str]) -> tuple[int, ...]:
     outputs = {output: call for call, output in REPAIRED_PAIRS.items()}
     calls: dict[tuple[str, object], int] = {}
     answers: dict[tuple[str, object], int] = {}
+    # Codex answers its local_shell_call with a function_call_output of the same call_id
+    # (the API's own answer is a local_shell_call_output): such an output is answered.
+    shells: set[object] = set()
     orphans: set[int] = set()
     for i, (item, kind) in enumerate(zip(items, kinds, strict=True)):
         if kind in REPAIRED_PAIRS:
@@ -151,9 +155,13 @@ def _orphans(items: Sequence[Message], kinds: Sequence[str]) -> tuple[int, ...]:
                 orphans.add(i)  # a second call with the same id cannot be told apart
             else:
                 calls[key] = i
+        elif kind == "local_shell_call":
+            shells.add(item.get("call_id"))
         elif kind in outputs:
             key = (outputs[kind], item.get("call_id"))
-            if key not in calls or key in answers:
+            if key not in calls and kind == "function_call_output" and key[1] in shells:
+                shells.discard(key[1])  # one answer
+            elif key not in calls or key in answers:
                 orphans.add(i)  # before its call, without one, or a second answer
             else:
                 answers[key] = i

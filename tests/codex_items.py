@@ -110,6 +110,24 @@ def exec_output(call_id: str, text: str) -> dict[str, Any]:
     }
 
 
+def shell_call(call_id: str, command: str) -> dict[str, Any]:
+    """The ``local_shell`` tool's call (codex-mini); Codex answers it with a
+    ``function_call_output`` of the same ``call_id``."""
+    return {
+        "type": "local_shell_call",
+        "call_id": call_id,
+        "status": "completed",
+        "action": {
+            "type": "exec",
+            "command": ["bash", "-lc", command],
+            "timeout_ms": 10000,
+            "working_directory": "/repo",
+            "env": None,
+            "user": None,
+        },
+    }
+
+
 def namespaced_call(call_id: str, query: str) -> dict[str, Any]:
     return {
         "type": "function_call",
@@ -212,15 +230,19 @@ def headers(window: int = 0) -> dict[str, str]:
     }
 
 
-PAIRED = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+# Each output kind and the call kinds it answers.
+PAIRED = {
+    "function_call_output": ("function_call", "local_shell_call"),
+    "custom_tool_call_output": ("custom_tool_call",),
+}
 
 
 def pairing_problems(items: list[dict[str, Any]]) -> list[str]:
     """Calls without their output and outputs without their call, by call_id."""
     problems: list[str] = []
-    for call_kind, output_kind in PAIRED.items():
-        calls = [i.get("call_id") for i in items if i.get("type") == call_kind]
+    for output_kind, call_kinds in PAIRED.items():
+        calls = [i.get("call_id") for i in items if i.get("type") in call_kinds]
         outputs = [i.get("call_id") for i in items if i.get("type") == output_kind]
         if sorted(map(str, calls)) != sorted(map(str, outputs)):
-            problems.append(f"{call_kind}: calls {calls} vs outputs {outputs}")
+            problems.append(f"{output_kind}: calls {calls} vs outputs {outputs}")
     return problems

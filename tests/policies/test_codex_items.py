@@ -49,7 +49,7 @@ class History:
 
 
 # One step of a turn: what the model did next (each with or without reasoning before it).
-STEPS = st.sampled_from(["exec", "parallel", "patch", "mcp", "search", "unknown", "say"])
+STEPS = st.sampled_from(["exec", "parallel", "patch", "mcp", "shell", "search", "unknown", "say"])
 
 
 @st.composite
@@ -78,6 +78,9 @@ def histories(draw: Any) -> History:
                 call = h.reasoned(codex.namespaced_call(f"m{n}", "crash"), n, think)
                 output = {"type": "function_call_output", "call_id": f"m{n}", "output": "x" * size}
                 h.pairs[call] = h.add(output)
+            elif step == "shell":
+                call = h.reasoned(codex.shell_call(f"s{n}", "ls"), n, think)
+                h.pairs[call] = h.add(codex.exec_output(f"s{n}", codex.listing(t, lines=size)))
             elif step == "search":
                 h.reasoned(codex.web_search(f"query {n}"), n, think)
             elif step == "unknown":
@@ -200,3 +203,19 @@ def test_trimming_codex_items_masks_before_it_drops():
     )
     assert d.masked and not d.dropped
     assert not codex.pairing_problems(d.messages)
+
+
+def test_a_local_shell_call_answered_as_codex_does_is_a_pair_not_broken_input():
+    items = [
+        codex.user("list the repo"),
+        codex.reasoning("Listing", 1),
+        codex.shell_call("s1", "ls"),
+        codex.exec_output("s1", "README.md"),
+        codex.assistant("One file."),
+        codex.user("and now?"),
+    ]
+    d = apply_items(items, TrimSpec(max_turns=5), count, Budget())
+    assert d.repaired == () and d.messages == items
+    # Dropped, the pair goes together (with the reasoning that led into it).
+    d = apply_items(items, TrimSpec(max_turns=1), count, Budget())
+    assert d.messages == [items[-1]]
