@@ -311,7 +311,11 @@ def item_text(item: Message, kind: str | None = None) -> str:
         return message_text(item)
     if kind in ("function_call", "custom_tool_call"):
         arguments = item.get("arguments") if kind == "function_call" else item.get("input")
-        return f"{item.get('name') or '?'}({arguments if isinstance(arguments, str) else ''})"
+        name = item.get("name") or "?"
+        namespace = item.get("namespace")  # an MCP server's tools, as Codex names them
+        if isinstance(namespace, str) and namespace:
+            name = f"{namespace}.{name}"
+        return f"{name}({arguments if isinstance(arguments, str) else ''})"
     if kind.endswith("_output") and "output" in item:
         output = item["output"]
         if isinstance(output, str):

@@ -219,3 +219,10 @@ def test_a_local_shell_call_answered_as_codex_does_is_a_pair_not_broken_input():
     # Dropped, the pair goes together (with the reasoning that led into it).
     d = apply_items(items, TrimSpec(max_turns=1), count, Budget())
     assert d.messages == [items[-1]]
+
+
+def test_a_recalled_namespaced_call_is_quoted_with_its_namespace():
+    items = [codex.user("find it"), codex.namespaced_call("m1", "crash")]
+    quoted = ItemShape(items).quoted(1)
+    assert quoted["text"] == 'mcp__github__.search_issues({"query":"crash"})'
+    assert quoted["call_id"] == "m1"
