@@ -138,6 +138,38 @@ def namespaced_call(call_id: str, query: str) -> dict[str, Any]:
     }
 
 
+def image_output(call_id: str, text: str) -> dict[str, Any]:
+    """A tool output as content items (an MCP tool's text and image): not a string."""
+    return {
+        "type": "function_call_output",
+        "call_id": call_id,
+        "output": [
+            {"type": "input_text", "text": text},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+        ],
+    }
+
+
+def tool_search(call_id: str, query: str) -> list[dict[str, Any]]:
+    """A client-run tool search and what it found (newer Codex, deferred MCP tools)."""
+    return [
+        {
+            "type": "tool_search_call",
+            "call_id": call_id,
+            "status": "completed",
+            "execution": "client",
+            "arguments": {"query": query, "limit": 5},
+        },
+        {
+            "type": "tool_search_output",
+            "call_id": call_id,
+            "status": "completed",
+            "execution": "client",
+            "tools": [NAMESPACE],
+        },
+    ]
+
+
 def patch_call(call_id: str, path: str) -> dict[str, Any]:
     return {
         "type": "custom_tool_call",

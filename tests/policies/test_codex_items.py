@@ -78,6 +78,12 @@ def histories(draw: Any) -> History:
                 call = h.reasoned(codex.namespaced_call(f"m{n}", "crash"), n, think)
                 output = {"type": "function_call_output", "call_id": f"m{n}", "output": "x" * size}
                 h.pairs[call] = h.add(output)
+            elif step == "image":
+                call = h.reasoned(codex.namespaced_call(f"i{n}", "screenshot"), n, think)
+                h.pairs[call] = h.add(codex.image_output(f"i{n}", "x" * size))
+            elif step == "find":
+                found, listed = codex.tool_search(f"t{n}", "gmail")
+                h.pairs[h.reasoned(found, n, think)] = h.add(listed)
             elif step == "shell":
                 call = h.reasoned(codex.shell_call(f"s{n}", "ls"), n, think)
                 h.pairs[call] = h.add(codex.exec_output(f"s{n}", codex.listing(t, lines=size)))
