@@ -209,10 +209,10 @@ def test_a_zstd_bomb_is_refused_without_being_inflated(proxy, fake):
     assert error["code"] == "request_too_large"
     assert "once decoded" in error["message"]
     assert fake[0].received == []
-    # Inflating 1 GiB would take about a second and a GiB of memory; stopping at the
-    # 1 MiB limit takes milliseconds and no more than a few MiB.
+    # Inflating 1 GiB takes seconds (7.9 s measured here) and a GiB of memory; stopping
+    # at the 1 MiB limit takes milliseconds and a few MiB (bounds with room for a busy box).
     assert peak_after - peak_before < 64 * 1024, f"peak grew {peak_after - peak_before} KiB"
-    assert elapsed < 0.5, f"{elapsed:.3f} s"
+    assert elapsed < 2.0, f"{elapsed:.3f} s"
 
 
 @pytest.mark.parametrize(
