@@ -1,21 +1,53 @@
-"""Okapi BM25 over each query term's matching items, ranked in the proxy.
+"""Okapi BM25, the one way every recall index scores an item, and the index that ranks in the proxy.
 
-The recall indexes of SQLite (proxy/store/sqlite_search.py) and PostgreSQL
-(proxy/store/postgres_search.py) ask their database only for what an index
-answers without reading rows: the session's id, what was stored in it since
-this process last counted (items and their tokens, ids only grow), and the
-ids of the session's items holding each term. The rest happens here:
+**The score** (:func:`score`; the in-memory fake, PostgreSQL and SQLite call
+it, and the Redis search script computes it from :data:`SCRIPT_ARGS`, its
+arguments, with the same operations in the same order) of an item for the
+chosen query terms is the sum, over those it holds, of
 
-1. each term's document frequency is its count; a term found in most of a
-   long session (:func:`informative`) weighs nearly nothing and would bring
-   thousands of ids: it is left out, and remembered as common for the
-   session so later searches do not fetch it;
-2. Okapi BM25 (k1 1.2, b 0.75) with each term counted once per item (chat
-   messages are short), first without length, to pick the candidates;
-3. the best candidates' positions, token counts and content hashes (a batch
-   at a time while ``before`` leaves too few; cached: they never change),
-   then the length normalisation with the item's stored token count, and
-   the order.
+    weight(t) * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / average))
+
+- ``weight(t) = ln(1 + (N - n + 0.5) / (n + 0.5))``: ``N`` the session's
+  indexed items (those with searchable words), ``n`` those holding ``t``.
+  Lucene's form, never negative: FTS5's ``bm25()`` takes ``ln((N - n + 0.5) /
+  (n + 0.5))``, below zero (FTS5 clamps it to 1e-6) for a word in more than
+  half the items, which in a short session is most of the words it shares.
+- ``tf``: how often the item says ``t``, as :func:`proxy.store.search_text.words`
+  counts the words of its searchable text (Porter stems), at least 1 when the
+  backend's own index says the item holds it. Counted: the contract promises
+  that more occurrences score higher (proxy/store/search.py).
+- ``length``: the item's stored token count (every backend has it without
+  reading the text; an unknown or zero count is the average), and
+  ``average`` the session's indexed items' tokens over ``N`` (at least 1).
+
+Why a function of ours and not FTS5's ``bm25()``: the SQLite index is
+``detail = none`` (rowids only, the smallest and fastest index to match with),
+so FTS5 knows no term frequencies, and its counts of tokens are of the
+session-prefixed words (migration 8), not the items; PostgreSQL has no BM25
+at all. The databases find the candidates; the score is computed here, from
+values each backend has, so that the four rank alike (tests/store/test_search_ranking.py).
+
+**Which terms count** (:func:`informative`): a term in more than
+``COMMON_SHARE`` of the session's items (and more than ``COMMON_MIN``) is left
+out when rarer terms are there: its weight is near nothing, but ranking every
+item it matches is most of a query's time (bench/recall.py); with no rare term,
+the two rarest.
+
+**The index** (:class:`Bm25Index`): SQLite's (proxy/store/sqlite_search.py)
+and PostgreSQL's (proxy/store/postgres_search.py) ask their database only for
+what an index answers without reading rows: the session's id, what was stored
+in it since this process last counted (items and their tokens, ids only grow),
+and the ids of the session's items holding each term. Then, here:
+
+1. each term's ``n`` is its count; common terms (above) are remembered as
+   such for the session, so later searches do not fetch them;
+2. each candidate's position, token count and content hash (cached: they
+   never change), and the bounds of its score: at least its score with each
+   term said once, at most ``weight * (K1 + 1)`` a term whatever its ``tf``;
+3. the text of the candidates that can still reach the ``limit`` best (the
+   others' best is below the ``limit``-th's least), for their term
+   frequencies (cached per item and term), the exact scores and the order,
+   best first and the newest of equals first.
 
 A session's totals are kept per process: a session deleted and made again
 has a new id and is counted afresh; items deleted one by one (a deleted
@@ -26,14 +58,22 @@ was stored since the last search, not to the session.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from proxy.store.base import SessionRef
 from proxy.store.search import SearchHit
+from proxy.store.search_text import search_text, words
+
+# Term frequency saturation and length normalisation (the usual Okapi values).
+K1 = 1.2
+B = 0.75
 
 # A term in more of the session's items than this (and than COMMON_MIN) is
 # left out when rarer terms are there: its BM25 weight is near nothing, but
@@ -41,13 +81,47 @@ from proxy.store.search import SearchHit
 COMMON_SHARE = 0.05
 COMMON_MIN = 50
 
-K1 = 1.2
-B = 0.75
+# What the Redis search script is handed (ARGV), in this order: its only BM25 constants.
+SCRIPT_ARGS: tuple[float, ...] = (K1, B, COMMON_SHARE, COMMON_MIN)
 
 # Sessions whose statistics are kept (least recently searched go first), and
 # terms per session.
 SESSIONS = 256
 TERMS = 4096
+
+
+def weight(items: int, holding: int) -> float:
+    """A term's inverse document frequency: ``holding`` of the session's ``items`` hold it."""
+    return math.log(1 + (items - holding + 0.5) / (holding + 0.5))
+
+
+def average_length(tokens: int, items: int) -> float:
+    """The session's average item length: its indexed items' ``tokens`` over ``items``."""
+    return max(1.0, tokens / max(1, items))
+
+
+def score(
+    terms: Iterable[tuple[float, int]],
+    tokens: int | None,
+    average: float,
+    *,
+    k1: float = K1,
+    b: float = B,
+) -> float:
+    """An item's BM25 score: ``terms`` its matching terms' (weight, frequency), in query order;
+    ``tokens`` its stored token count (unknown or zero: the average)."""
+    length = float(tokens) if tokens else average
+    norm = k1 * (1 - b + b * length / average)
+    total = 0.0
+    for w, tf in terms:
+        total += w * tf * (k1 + 1) / (tf + norm)
+    return total
+
+
+def frequencies(text: str, terms: Iterable[str]) -> dict[str, int]:
+    """How often ``text`` says each of ``terms`` (a term of several words: its rarest word)."""
+    said = Counter(words(text))
+    return {t: min((said[w] for w in words(t)), default=0) for t in terms}
 
 
 def informative(terms: Sequence[str], counts: Sequence[int], items: int) -> list[str]:
@@ -76,40 +150,29 @@ class _Stats:
     common: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
 
-# Candidates whose details are fetched at a time, per hit asked for (more than
-# one: ``before`` excludes the kept window's items, which match too).
-BATCH = 1.5
-# Items' details kept (position, token count, content hash: never change).
+# Items' details kept (position, token count, content hash: never change), and
+# items' frequencies of a term (neither do they).
 DETAILS = 50_000
+FREQUENCIES = 100_000
+# Ids per statement (SQLite allows 32,766 parameters; a plan per size is cached).
+CHUNK = 500
 
 
 # Far above any chain's length: "no ``before``".
 _NO_LIMIT = 1 << 62
 
 
-def _rough(
-    chosen: Sequence[str], idf: dict[str, float], matches: dict[str, list[int]]
-) -> dict[int, float]:
-    """Each matching item's BM25 score without length: its terms' weights summed,
-    in the order of ``chosen`` (so the same floats whichever way it is computed)."""
-    first, *others = chosen
-    rough = dict.fromkeys(matches[first], idf[first])  # 0.0 + w is w
-    get = rough.get
-    for t in others:
-        weight = idf[t]
-        for rowid in matches[t]:
-            rough[rowid] = get(rowid, 0.0) + weight
-    return rough
-
-
 class Bm25Index:
     """A :class:`~proxy.store.search.RecallIndex` ranking in the proxy; a backend
-    gives it its two statements (:meth:`_matches`, :meth:`_rows`) and its words."""
+    gives it its three statements (:meth:`_matches`, :meth:`_rows`, :meth:`_texts`) and
+    its words."""
 
     def __init__(self) -> None:
         self._stats: OrderedDict[tuple[str, str], _Stats] = OrderedDict()
         # rowid -> (session id, position, token count, content hash).
         self._details: OrderedDict[int, tuple[int, int, int | None, str]] = OrderedDict()
+        # (rowid, term) -> how often the item says it.
+        self._said: OrderedDict[tuple[int, str], int] = OrderedDict()
 
     async def search(
         self,
@@ -122,7 +185,14 @@ class Bm25Index:
         if not terms or limit <= 0:
             return []
         key = (session.tenant, session.key)
-        quoted = list(dict.fromkeys(w for t in terms for w in self._words(t)))
+        # One of the index's terms per stem (so per term of the other backends'): two
+        # words of one stem would count its items twice.
+        quoted: list[str] = []
+        seen: set[tuple[str, ...]] = set()
+        for w in (w for t in terms for w in self._words(t)):
+            if (stem := tuple(words(w))) not in seen:
+                seen.add(stem)
+                quoted.append(w)
         found = await self._match(key, quoted)
         if found is None:
             return []
@@ -152,25 +222,38 @@ class Bm25Index:
         if not chosen:
             return []
         df = dict(zip(quoted, counts, strict=True))
-        idf = {t: math.log(1 + (items - df[t] + 0.5) / (df[t] + 0.5)) for t in chosen}
-        rough = _rough(chosen, idf, matches)
-        average = max(1.0, totals[1] / items)
+        weights = {t: weight(items, df[t]) for t in chosen}
+        # Each candidate's terms, in the order of ``chosen``: its sum is the same floats
+        # as the other backends' (proxy/store/memory_search.py, the Redis script).
+        held: dict[int, list[str]] = {}
+        for t in chosen:
+            for rowid in matches[t]:
+                held.setdefault(rowid, []).append(t)
+        average = average_length(totals[1], items)
         bound = _NO_LIMIT if before is None else before
-        hits: list[SearchHit] = []
-        step = max(1, int(BATCH * limit))
-        # Best first, the newest of equals first (tuples: compared without a key function).
-        ranked = sorted(zip(rough.values(), rough, strict=True), reverse=True)
-        order = [rowid for _, rowid in ranked]
-        for start in range(0, len(order), step):
-            batch = order[start : start + step]
-            for rowid, (owner, pos, tokens, content_hash) in (await self._detailed(batch)).items():
-                if pos >= bound or owner != stats.session_id:
-                    continue
-                length = average if tokens is None else float(tokens)
-                norm = (K1 + 1) / (1 + K1 * (1 - B + B * length / average))
-                hits.append(SearchHit(rowid, pos, content_hash, rough[rowid] * norm))
-            if len(hits) >= limit:
-                break
+        live = {
+            rowid: detail
+            for rowid, detail in (await self._detailed(list(held))).items()
+            if detail[1] < bound and detail[0] == stats.session_id
+        }
+        # The least a candidate can score (each term said once), and the most (whatever
+        # it says, a term adds less than weight * (K1 + 1)): the text of those whose
+        # most is below the limit-th best least is not worth reading.
+        floor = -math.inf
+        if len(live) > limit:
+            least = [
+                score(((weights[t], 1) for t in held[r]), d[2], average) for r, d in live.items()
+            ]
+            floor = heapq.nlargest(limit, least)[-1]
+        kept = {r: held[r] for r in live if (K1 + 1) * sum(weights[t] for t in held[r]) >= floor}
+        said = await self._frequencies(kept)
+        hits = []
+        for rowid, held_terms in kept.items():
+            _, pos, tokens, content_hash = live[rowid]
+            # At least once: the index found it there (Porter and snowball may differ).
+            pairs = ((weights[t], max(1, said.get((rowid, t), 1))) for t in held_terms)
+            hits.append(SearchHit(rowid, pos, content_hash, score(pairs, tokens, average)))
+        # Best first, the newest of equals first.
         hits.sort(key=lambda h: (-h.score, -h.item_id))
         return hits[:limit]
 
@@ -185,12 +268,33 @@ class Bm25Index:
                 missing.append(rowid)
             else:
                 out[rowid] = known
-        if missing:
-            for rowid, session_id, pos, tokens, content_hash in await self._rows(missing):
+        for start in range(0, len(missing), CHUNK):
+            chunk = missing[start : start + CHUNK]
+            for rowid, session_id, pos, tokens, content_hash in await self._rows(chunk):
                 detail = (int(session_id), int(pos), tokens, str(content_hash))
                 out[int(rowid)] = self._details[int(rowid)] = detail
-            while len(self._details) > DETAILS:
-                self._details.popitem(last=False)
+        while len(self._details) > DETAILS:
+            self._details.popitem(last=False)
+        return out
+
+    async def _frequencies(self, held: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], int]:
+        """How often each item of ``held`` says each of its terms, from the cache or its text."""
+        out = {}
+        missing = []
+        for rowid, terms in held.items():
+            for t in terms:
+                known = self._said.get((rowid, t))
+                if known is None:
+                    missing.append(rowid)
+                    break
+                out[rowid, t] = known
+        for start in range(0, len(missing), CHUNK):
+            for rowid, message in await self._texts(missing[start : start + CHUNK]):
+                text = search_text(orjson.loads(message))
+                for t, n in frequencies(text, held[int(rowid)]).items():
+                    out[int(rowid), t] = self._said[int(rowid), t] = n
+        while len(self._said) > FREQUENCIES:
+            self._said.popitem(last=False)
         return out
 
     async def _match(
@@ -247,4 +351,8 @@ class Bm25Index:
 
     async def _rows(self, ids: Sequence[int]) -> Sequence[Any]:
         """``(id, session id, position, token count, content hash)`` of each of ``ids``."""
+        raise NotImplementedError
+
+    async def _texts(self, ids: Sequence[int]) -> Sequence[Any]:
+        """``(id, message JSON)`` of each of ``ids``."""
         raise NotImplementedError

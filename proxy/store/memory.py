@@ -201,8 +201,9 @@ class MemoryStore:
                 item_id = chain[-1].parent_id
         return chain[::-1]
 
-    async def searchable(self, session: SessionRef) -> list[tuple[int, int, str, Any]]:
-        """Every item of the session (any branch): id, chain position, content hash, message.
+    async def searchable(self, session: SessionRef) -> list[tuple[int, int, str, int | None, Any]]:
+        """Every item of the session (any branch): id, chain position, content hash, token
+        count, message.
 
         For the recall index fake (proxy/store/memory_search.py).
         """
@@ -217,7 +218,7 @@ class MemoryStore:
                 while parent is not None:
                     depth, parent = depth + 1, self._items[parent].parent_id
                 message = orjson.loads(self._messages[item_id])
-                out.append((item_id, depth, item.content_hash, message))
+                out.append((item_id, depth, item.content_hash, item.token_count, message))
             return out
 
     def _item(self, item_id: int) -> StoredItem:

@@ -373,10 +373,20 @@ class RedisStore:
     # -- recall (proxy/store/redis_search.py) --------------------------------------
 
     async def search(
-        self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
+        self,
+        session: SessionRef,
+        words: Sequence[str],
+        *,
+        limit: int,
+        before: str,
+        constants: Sequence[float],
     ) -> list[bytes]:
-        """The recall index's script: {item id, position, score, content hash, ...}, best first."""
-        return list(await self._run("SEARCH", session.tenant, session.key, limit, before, *words))
+        """The recall index's script (``constants``: proxy/store/bm25.py's SCRIPT_ARGS):
+        {item id, position, score, content hash, ...}, best first."""
+        # repr: the shortest text that reads back as the same double (Lua's tonumber too).
+        numbers = [repr(c) for c in constants]
+        args: list[str | bytes | int] = [session.tenant, session.key, limit, before, *numbers]
+        return list(await self._run("SEARCH", *args, *words))
 
     # -- summaries ----------------------------------------------------------------
 
