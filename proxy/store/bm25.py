@@ -41,13 +41,11 @@ and the ids of the session's items holding each term. Then, here:
 
 1. each term's ``n`` is its count; common terms (above) are remembered as
    such for the session, so later searches do not fetch them;
-2. each candidate's position, token count and content hash (cached: they
-   never change), and the bounds of its score: at least its score with each
-   term said once, at most ``weight * (K1 + 1)`` a term whatever its ``tf``;
-3. the text of the candidates that can still reach the ``limit`` best (the
-   others' best is below the ``limit``-th's least), for their term
-   frequencies (cached per item and term), the exact scores and the order,
-   best first and the newest of equals first.
+2. every candidate's position, token count, content hash and the words its
+   text says more than once (:class:`Detail`: read once and kept, an item
+   never changes; a chat message repeats few words, and any other term the
+   index found in it is said once), then the exact scores and the order, best
+   first and the newest of equals first.
 
 A session's totals are kept per process: a session deleted and made again
 has a new id and is counted afresh; items deleted one by one (a deleted
@@ -63,7 +61,8 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -108,8 +107,8 @@ def score(
     k1: float = K1,
     b: float = B,
 ) -> float:
-    """An item's BM25 score: ``terms`` its matching terms' (weight, frequency), in query order;
-    ``tokens`` its stored token count (unknown or zero: the average)."""
+    """An item's BM25 score: ``terms`` its matching terms' (weight, frequency), in query
+    order; ``tokens`` its stored token count (unknown or zero: the average)."""
     length = float(tokens) if tokens else average
     norm = k1 * (1 - b + b * length / average)
     total = 0.0
@@ -118,10 +117,18 @@ def score(
     return total
 
 
-def frequencies(text: str, terms: Iterable[str]) -> dict[str, int]:
-    """How often ``text`` says each of ``terms`` (a term of several words: its rarest word)."""
+def repeated(text: str) -> dict[str, int]:
+    """The words (:func:`words`) ``text`` says more than once, with how often: a chat
+    message repeats few, so an index keeps them for every item it has read."""
     said = Counter(words(text))
-    return {t: min((said[w] for w in words(t)), default=0) for t in terms}
+    return {w: n for w, n in said.items() if n > 1}
+
+
+def frequency(repeats: Mapping[str, int], stems: Sequence[str]) -> int:
+    """How often an item whose index holds a term says it: ``repeats`` its :func:`repeated`,
+    ``stems`` the term's words (several: the rarest of them). At least once: the index
+    found it there, even where its stemmer and Porter disagree."""
+    return min((repeats.get(s, 1) for s in stems), default=1)
 
 
 def informative(terms: Sequence[str], counts: Sequence[int], items: int) -> list[str]:
@@ -150,13 +157,26 @@ class _Stats:
     common: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
 
-# Items' details kept (position, token count, content hash: never change), and
-# items' frequencies of a term (neither do they).
+class Detail(NamedTuple):
+    """What ranking needs of a candidate item beyond the index: read once, kept (an item
+    never changes)."""
+
+    session_id: int
+    position: int
+    tokens: int | None
+    content_hash: str
+    # Its words said more than once (:func:`repeated`): the others' frequency is 1.
+    repeats: Mapping[str, int]
+
+
+# Items' details kept.
 DETAILS = 50_000
-FREQUENCIES = 100_000
 # Ids per statement (SQLite allows 32,766 parameters; a plan per size is cached).
 CHUNK = 500
 
+
+# Most items' repeats (one object for all of them).
+_NONE: Mapping[str, int] = MappingProxyType({})
 
 # Far above any chain's length: "no ``before``".
 _NO_LIMIT = 1 << 62
@@ -164,15 +184,11 @@ _NO_LIMIT = 1 << 62
 
 class Bm25Index:
     """A :class:`~proxy.store.search.RecallIndex` ranking in the proxy; a backend
-    gives it its three statements (:meth:`_matches`, :meth:`_rows`, :meth:`_texts`) and
-    its words."""
+    gives it its two statements (:meth:`_matches`, :meth:`_rows`) and its words."""
 
     def __init__(self) -> None:
         self._stats: OrderedDict[tuple[str, str], _Stats] = OrderedDict()
-        # rowid -> (session id, position, token count, content hash).
-        self._details: OrderedDict[int, tuple[int, int, int | None, str]] = OrderedDict()
-        # (rowid, term) -> how often the item says it.
-        self._said: OrderedDict[tuple[int, str], int] = OrderedDict()
+        self._details: OrderedDict[int, Detail] = OrderedDict()
 
     async def search(
         self,
@@ -234,32 +250,31 @@ class Bm25Index:
         live = {
             rowid: detail
             for rowid, detail in (await self._detailed(list(held))).items()
-            if detail[1] < bound and detail[0] == stats.session_id
+            if detail.position < bound and detail.session_id == stats.session_id
         }
-        # The least a candidate can score (each term said once), and the most (whatever
-        # it says, a term adds less than weight * (K1 + 1)): the text of those whose
-        # most is below the limit-th best least is not worth reading.
-        floor = -math.inf
-        if len(live) > limit:
-            least = [
-                score(((weights[t], 1) for t in held[r]), d[2], average) for r, d in live.items()
+        # A term's words (one, mostly: looked up directly, the hot loop of a search).
+        stems = {t: tuple(words(t)) for t in chosen}
+        single = {t: ws[0] for t, ws in stems.items() if len(ws) == 1}
+        ranked = []
+        for rowid, detail in live.items():
+            repeats = detail.repeats
+            pairs = [
+                (
+                    weights[t],
+                    repeats.get(single[t], 1) if t in single else frequency(repeats, stems[t]),
+                )
+                for t in held[rowid]
             ]
-            floor = heapq.nlargest(limit, least)[-1]
-        kept = {r: held[r] for r in live if (K1 + 1) * sum(weights[t] for t in held[r]) >= floor}
-        said = await self._frequencies(kept)
-        hits = []
-        for rowid, held_terms in kept.items():
-            _, pos, tokens, content_hash = live[rowid]
-            # At least once: the index found it there (Porter and snowball may differ).
-            pairs = ((weights[t], max(1, said.get((rowid, t), 1))) for t in held_terms)
-            hits.append(SearchHit(rowid, pos, content_hash, score(pairs, tokens, average)))
-        # Best first, the newest of equals first.
-        hits.sort(key=lambda h: (-h.score, -h.item_id))
-        return hits[:limit]
+            ranked.append((score(pairs, detail.tokens, average), rowid))
+        # Best first, the newest of equals first (ids grow).
+        return [
+            SearchHit(rowid, live[rowid].position, live[rowid].content_hash, value)
+            for value, rowid in heapq.nlargest(limit, ranked)
+        ]
 
-    async def _detailed(self, rowids: Sequence[int]) -> dict[int, tuple[int, int, int | None, str]]:
-        """Position, token count and content hash of ``rowids`` (the session checked by
-        the caller's match), from the cache or the store."""
+    async def _detailed(self, rowids: Sequence[int]) -> dict[int, Detail]:
+        """The details of ``rowids`` (the session checked by the caller's match), from the
+        cache or the store."""
         out = {}
         missing = []
         for rowid in rowids:
@@ -270,31 +285,12 @@ class Bm25Index:
                 out[rowid] = known
         for start in range(0, len(missing), CHUNK):
             chunk = missing[start : start + CHUNK]
-            for rowid, session_id, pos, tokens, content_hash in await self._rows(chunk):
-                detail = (int(session_id), int(pos), tokens, str(content_hash))
+            for rowid, session_id, pos, tokens, content_hash, message in await self._rows(chunk):
+                repeats = repeated(search_text(orjson.loads(message))) or _NONE
+                detail = Detail(int(session_id), int(pos), tokens, str(content_hash), repeats)
                 out[int(rowid)] = self._details[int(rowid)] = detail
         while len(self._details) > DETAILS:
             self._details.popitem(last=False)
-        return out
-
-    async def _frequencies(self, held: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], int]:
-        """How often each item of ``held`` says each of its terms, from the cache or its text."""
-        out = {}
-        missing = []
-        for rowid, terms in held.items():
-            for t in terms:
-                known = self._said.get((rowid, t))
-                if known is None:
-                    missing.append(rowid)
-                    break
-                out[rowid, t] = known
-        for start in range(0, len(missing), CHUNK):
-            for rowid, message in await self._texts(missing[start : start + CHUNK]):
-                text = search_text(orjson.loads(message))
-                for t, n in frequencies(text, held[int(rowid)]).items():
-                    out[int(rowid), t] = self._said[int(rowid), t] = n
-        while len(self._said) > FREQUENCIES:
-            self._said.popitem(last=False)
         return out
 
     async def _match(
@@ -350,9 +346,6 @@ class Bm25Index:
         raise NotImplementedError
 
     async def _rows(self, ids: Sequence[int]) -> Sequence[Any]:
-        """``(id, session id, position, token count, content hash)`` of each of ``ids``."""
-        raise NotImplementedError
-
-    async def _texts(self, ids: Sequence[int]) -> Sequence[Any]:
-        """``(id, message JSON)`` of each of ``ids``."""
+        """``(id, session id, position, token count, content hash, message JSON)`` of each
+        of ``ids``."""
         raise NotImplementedError
