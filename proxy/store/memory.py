@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -31,9 +31,11 @@ from proxy.store.base import (
     normalize_request,
     request_row,
 )
+from proxy.store.memory_search import MemoryRecallIndex
 from proxy.store.pruning import exclusive_suffix
+from proxy.store.registry import Backend, StoreSpec
 from proxy.store.sqlite_summaries import covering_summaries
-from proxy.store.vectors import ItemVector, StoredVectors
+from proxy.store.vectors import ItemVector, StoredVectors, VectorIndex
 
 
 @dataclass
@@ -47,6 +49,8 @@ class _Session:
 
 
 class MemoryStore:
+    backend: ClassVar[str] = "memory"
+
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
         self._sessions: dict[tuple[str, str], _Session] = {}
@@ -566,3 +570,14 @@ class MemoryStore:
 
 def _summary(data: bytes) -> StoredSummary:
     return StoredSummary(**orjson.loads(data))
+
+
+def _build(spec: StoreSpec) -> MemoryStore:
+    return MemoryStore()
+
+
+def _vectors(store: MemoryStore) -> VectorIndex:
+    return store  # it keeps its vectors itself
+
+
+BACKEND: Backend[MemoryStore] = Backend("memory", _build, MemoryRecallIndex, _vectors)

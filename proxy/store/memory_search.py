@@ -12,19 +12,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from proxy.store.base import SessionRef
 from proxy.store.bm25 import average_length, informative, score, weight
 from proxy.store.search import SearchHit
 from proxy.store.search_text import search_text, words
 
-if TYPE_CHECKING:
-    from proxy.store.memory import MemoryStore
+
+class _Searchable(Protocol):
+    """What the fake needs of the MemoryStore, without importing it."""
+
+    async def searchable(
+        self, session: SessionRef
+    ) -> list[tuple[int, int, str, int | None, Any]]: ...
 
 
 class MemoryRecallIndex:
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: _Searchable) -> None:
         self._store = store
 
     async def search(
