@@ -39,7 +39,9 @@ _MATCHES = """
     WITH s AS (SELECT id FROM sessions WHERE tenant = $1 AND key = $2),
     added AS (
         SELECT count(*) AS items, coalesce(sum(i.token_count), 0) AS tokens, max(i.id) AS top
-        FROM items i WHERE i.session_id = (SELECT id FROM s) AND i.id > $3
+        FROM items i
+        -- Only items with words count, as the other indexes count them.
+        WHERE i.session_id = (SELECT id FROM s) AND i.id > $3 AND i.search <> ''::tsvector
     )
     SELECT -1 AS k, s.id::text AS ids, added.items, added.tokens, added.top FROM s, added
     UNION ALL

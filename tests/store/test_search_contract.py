@@ -189,3 +189,20 @@ async def test_an_items_length_is_its_stored_token_count(store: Store):
         ("The parcel arrived late.", None),
     ]
     assert await ranked(store, texts, ["refund"]) == [(1, 0.5235), (0, 0.311)]
+
+
+async def test_an_item_without_searchable_text_weighs_nothing(store: Store):
+    # N is 2, not 3, and the average 5 tokens, not 20: ln(1 + 1.5 / 1.5) * 2.2 /
+    # (1 + 1.2 * (.25 + .75 * 4 / 5)) = .7549.
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Refund please"},
+        {"type": "reasoning", "summary": []},
+        {"role": "assistant", "content": "The parcel arrived"},
+    ]
+    chain = [
+        MessageIn(m, hashlib.sha256(orjson.dumps(m)).hexdigest(), str(m.get("role", "tool")), n)
+        for m, n in zip(messages, [4, 50, 6], strict=True)
+    ]
+    await store.record_exchange(ALICE, chain, None, req())
+    hits = await index(store).search(ALICE, ["refund"], limit=5)
+    assert [(h.position, round(h.score, 4)) for h in hits] == [(0, 0.7549)]
