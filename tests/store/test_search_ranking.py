@@ -22,7 +22,7 @@ from proxy.store.base import SessionRef, Store
 from proxy.store.search import SearchHit
 from proxy.store.search_backends import recall_index_for
 from tests.store.test_search_contract import SEARCH_BACKENDS
-from tests.stores import make_store, msg, req
+from tests.stores import ALICE, make_store, msg, req
 
 WORDS = [
     "refund",
@@ -123,3 +123,32 @@ def test_every_backend_ranks_any_small_conversation_alike(tmp_path: Path) -> Non
         for store in stores.values():
             loop.run_until_complete(store.close())
         loop.close()
+
+
+async def test_every_backend_leaves_out_the_same_common_words_of_a_long_session(
+    tmp_path: Path,
+) -> None:
+    # "order" is in every one of 121 items (more than bm25.COMMON_MIN): with "lost"
+    # there, "lost" alone ranks; with nothing rarer, the two rarest still do.
+    texts = [f"the order {i} is shipped" for i in range(120)] + ["the order is lost"]
+    chain = [msg("user" if i % 2 == 0 else "assistant", t, 5) for i, t in enumerate(texts)]
+    found: dict[str, tuple[list[SearchHit], list[SearchHit]]] = {}
+    for name in SEARCH_BACKENDS:
+        store = make_store(name, tmp_path / name)
+        await store.open()
+        try:
+            await store.record_exchange(ALICE, chain, None, req())
+            index = recall_index_for(store)
+            assert index is not None
+            found[name] = (
+                await index.search(ALICE, ["order", "lost"], limit=3),
+                await index.search(ALICE, ["order", "shipped", "the"], limit=200),
+            )
+        finally:
+            await store.close()
+    rare, common = found["sqlite"]
+    assert [h.position for h in rare] == [120]
+    assert len(common) == 121
+    for name, (their_rare, their_common) in found.items():
+        assert_alike(name, their_rare, rare)
+        assert_alike(name, their_common, common)
