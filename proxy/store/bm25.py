@@ -43,11 +43,15 @@ and the ids of the session's items holding each term. Then, here:
 
 1. each term's ``n`` is its count; common terms (above) are remembered as
    such for the session, so later searches do not fetch them;
-2. every candidate's position, token count, content hash and the words its
-   text says more than once (:class:`Detail`: read once and kept, an item
-   never changes; a chat message repeats few words, and any other term the
-   index found in it is said once), then the exact scores and the order, best
-   first and the newest of equals first.
+2. every candidate's position, token count and content hash (:class:`Detail`,
+   read once and kept: an item never changes);
+3. the words the candidates' messages say more than once (:func:`repeated`,
+   also kept: a chat message repeats few words, and any other term the index
+   found in it is said once), for the candidates whose best can still reach
+   the ``limit``-th least (each term said once), at most :data:`READ` of them;
+4. the exact scores and the order, best first and the newest of equals first.
+   Exact as the other backends' unless more than :data:`READ` candidates can
+   still rank, which takes a query of common words only.
 
 A session's totals are kept per process: a session deleted and made again
 has a new id and is counted afresh; items deleted one by one (a deleted
@@ -167,12 +171,15 @@ class Detail(NamedTuple):
     position: int
     tokens: int | None
     content_hash: str
-    # Its words said more than once (:func:`repeated`): the others' frequency is 1.
-    repeats: Mapping[str, int]
 
 
-# Items' details kept.
+# Items' details kept, and items' repeated words (:func:`repeated`) kept.
 DETAILS = 50_000
+REPEATS = 50_000
+# Most messages read in one search: more candidates can still rank (only when a
+# query has no rare word, so its common words' items are the candidates), those
+# that score best with each term said once are read.
+READ = 512
 # Ids per statement (SQLite allows 32,766 parameters; a plan per size is cached).
 CHUNK = 500
 
@@ -186,11 +193,13 @@ _NO_LIMIT = 1 << 62
 
 class Bm25Index:
     """A :class:`~proxy.store.search.RecallIndex` ranking in the proxy; a backend
-    gives it its two statements (:meth:`_matches`, :meth:`_rows`) and its words."""
+    gives it its three statements (:meth:`_matches`, :meth:`_rows`, :meth:`_texts`) and
+    its words."""
 
     def __init__(self) -> None:
         self._stats: OrderedDict[tuple[str, str], _Stats] = OrderedDict()
         self._details: OrderedDict[int, Detail] = OrderedDict()
+        self._repeats: OrderedDict[int, Mapping[str, int]] = OrderedDict()
 
     async def search(
         self,
@@ -257,9 +266,8 @@ class Bm25Index:
         # A term's words (one, mostly: looked up directly, the hot loop of a search).
         stems = {t: tuple(words(t)) for t in chosen}
         single = {t: ws[0] for t, ws in stems.items() if len(ws) == 1}
-        ranked = []
-        for rowid, detail in live.items():
-            repeats = detail.repeats
+
+        def exact(rowid: int, repeats: Mapping[str, int]) -> float:
             pairs = [
                 (
                     weights[t],
@@ -267,12 +275,52 @@ class Bm25Index:
                 )
                 for t in held[rowid]
             ]
-            ranked.append((score(pairs, detail.tokens, average), rowid))
+            return score(pairs, live[rowid].tokens, average)
+
+        # Candidates whose repeated words are known score exactly; the others' least
+        # (each term said once) is scored, and their messages read only if their most
+        # (a term adds less than weight * (K1 + 1) whatever its frequency) reaches the
+        # limit-th best of all: at most READ of them, the best by their least.
+        ranked = []
+        unread = []
+        for rowid in live:
+            repeats = self._repeats.get(rowid)
+            if repeats is None:
+                unread.append((exact(rowid, _NONE), rowid))
+            else:
+                ranked.append((exact(rowid, repeats), rowid))
+        if unread:
+            floor = -math.inf
+            if len(ranked) + len(unread) > limit:
+                # A hair below: bounds summed in another order than the scores.
+                floor = heapq.nlargest(limit, [*ranked, *unread])[-1][0] * (1 - 1e-9)
+            most = {t: (K1 + 1) * w for t, w in weights.items()}
+            unread = [(s, r) for s, r in unread if sum(most[t] for t in held[r]) >= floor]
+            said = await self._repeated([r for _, r in heapq.nlargest(READ, unread)])
+            ranked += [(exact(r, repeats), r) for r, repeats in said.items()]
         # Best first, the newest of equals first (ids grow).
         return [
             SearchHit(rowid, live[rowid].position, live[rowid].content_hash, value)
             for value, rowid in heapq.nlargest(limit, ranked)
         ]
+
+    async def _repeated(self, rowids: Sequence[int]) -> dict[int, Mapping[str, int]]:
+        """The words each of ``rowids`` says more than once, from the cache or its message."""
+        out = {}
+        missing = []
+        for rowid in rowids:
+            known = self._repeats.get(rowid)
+            if known is None:
+                missing.append(rowid)
+            else:
+                out[rowid] = known
+        for start in range(0, len(missing), CHUNK):
+            for rowid, message in await self._texts(missing[start : start + CHUNK]):
+                found = repeated(search_text(orjson.loads(message))) or _NONE
+                out[int(rowid)] = self._repeats[int(rowid)] = found
+        while len(self._repeats) > REPEATS:
+            self._repeats.popitem(last=False)
+        return out
 
     async def _detailed(self, rowids: Sequence[int]) -> dict[int, Detail]:
         """The details of ``rowids`` (the session checked by the caller's match), from the
@@ -287,9 +335,8 @@ class Bm25Index:
                 out[rowid] = known
         for start in range(0, len(missing), CHUNK):
             chunk = missing[start : start + CHUNK]
-            for rowid, session_id, pos, tokens, content_hash, message in await self._rows(chunk):
-                repeats = repeated(search_text(orjson.loads(message))) or _NONE
-                detail = Detail(int(session_id), int(pos), tokens, str(content_hash), repeats)
+            for rowid, session_id, pos, tokens, content_hash in await self._rows(chunk):
+                detail = Detail(int(session_id), int(pos), tokens, str(content_hash))
                 out[int(rowid)] = self._details[int(rowid)] = detail
         while len(self._details) > DETAILS:
             self._details.popitem(last=False)
@@ -348,6 +395,9 @@ class Bm25Index:
         raise NotImplementedError
 
     async def _rows(self, ids: Sequence[int]) -> Sequence[Any]:
-        """``(id, session id, position, token count, content hash, message JSON)`` of each
-        of ``ids``."""
+        """``(id, session id, position, token count, content hash)`` of each of ``ids``."""
+        raise NotImplementedError
+
+    async def _texts(self, ids: Sequence[int]) -> Sequence[Any]:
+        """``(id, message JSON)`` of each of ``ids``."""
         raise NotImplementedError

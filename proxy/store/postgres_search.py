@@ -7,10 +7,10 @@ step drops its own). The database is asked only for what its indexes answer
 (proxy/store/bm25.py ranks): the session's items stored since this process
 last counted them (``items_session_id``, migration 5) and the ids of the
 session's items matching each term (the GIN index ``items_search``); then
-the positions, token counts, content hashes and messages of the candidates
-this process has not read before (the words they repeat, counted as every
-backend counts them: the ``tsvector``'s stems are English snowball's, not
-Porter's). Each term
+the positions, token counts and content hashes of the candidates this process
+has not read before, and the messages of those that may rank (the words they
+repeat, counted as every backend counts them: the ``tsvector``'s stems are
+English snowball's, not Porter's). Each term
 is matched as ``plainto_tsquery`` makes it (its words, stemmed, all of them).
 A term's items are found by the GIN index alone, then checked for the
 session (``session_id + 0``: the planner does not get to scan the session's
@@ -53,9 +53,11 @@ _MATCHES = """
 """
 
 _ROWS = """
-    SELECT id, session_id, position, token_count, content_hash, message_json
+    SELECT id, session_id, position, token_count, content_hash
     FROM items WHERE id = ANY($1::bigint[])
 """
+
+_TEXTS = "SELECT id, message_json FROM items WHERE id = ANY($1::bigint[])"
 
 Fetch = Callable[..., Coroutine[Any, Any, list[Any]]]
 
@@ -78,3 +80,6 @@ class PostgresRecallIndex(Bm25Index):
 
     async def _rows(self, ids: Sequence[int]) -> Sequence[Any]:
         return await self._fetch(_ROWS, list(ids))
+
+    async def _texts(self, ids: Sequence[int]) -> Sequence[Any]:
+        return await self._fetch(_TEXTS, list(ids))
