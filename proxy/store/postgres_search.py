@@ -4,7 +4,7 @@ The vector is written in the same statement that stores the item
 (proxy/store/postgres_jobs.py), under the ``ctx_english`` configuration:
 English snowball stems, as SQLite's porter, and no stopword list (the recall
 step drops its own). The database is asked only for what its indexes answer
-(proxy/store/bm25.py ranks): the session's items stored since this process
+(proxy/store/bm25_index.py ranks): the session's items stored since this process
 last counted them (``items_session_id``, migration 5) and the ids of the
 session's items matching each term (the GIN index ``items_search``); then
 the positions, token counts and content hashes of the candidates this process
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from proxy.store.bm25 import Bm25Index
+from proxy.store.bm25_index import Bm25Index
 
 _MATCHES = """
     WITH s AS (SELECT id FROM sessions WHERE tenant = $1 AND key = $2),

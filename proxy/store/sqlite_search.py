@@ -11,7 +11,7 @@ A term's doclist is the session's own, so matching it reads only the
 session's items that hold it (before migration 8 it was every session's,
 merged on each query with the session's ``scope`` doclist: most of a query's
 time at 5,000 stored turns). A search (ranked in the proxy:
-proxy/store/bm25.py) is one statement for the session's id, what its index
+proxy/store/bm25_index.py) is one statement for the session's id, what its index
 gained since this process last counted (rowids only grow: AUTOINCREMENT)
 and the rowids of the session's items holding each term, the index alone,
 no row read; then, for the candidates this process has not read before, one
@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from proxy.store.bm25 import Bm25Index
+from proxy.store.bm25_index import Bm25Index
 from proxy.store.sqlite_items import hex_sql
 
 # An item without searchable text has a NULL body in the view: its row adds nothing.
