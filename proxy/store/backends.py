@@ -2,17 +2,20 @@
 
 ``store.path`` (no ``url``): SQLite, the default. ``store.url``:
 ``postgresql://`` (or ``postgres://``) for PostgreSQL, ``redis://``
-(``rediss://``, ``unix://``) for Redis; each further backend adds its scheme
-to ``SCHEMES`` and a branch to ``build_store``. Imports are
-lazy so a proxy on SQLite never loads asyncpg or redis.
+(``rediss://``, ``unix://``) for Redis; a further backend adds its schemes to
+``SCHEMES`` and itself to the registry (proxy/store/registry.py), which
+builds the store (its module imported only then: a proxy on SQLite never
+loads asyncpg or redis).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from proxy.store.base import CacheBudget, Store
+from proxy.store.base import Store
+from proxy.store.registry import StoreSpec, backend
+
+__all__ = ["SCHEMES", "SHARED", "StoreSpec", "backend_name", "build_store"]
 
 # URL scheme -> backend name.
 SCHEMES: dict[str, str] = {
@@ -27,22 +30,6 @@ SCHEMES: dict[str, str] = {
 SHARED = frozenset({"postgresql", "redis"})
 
 
-@dataclass(frozen=True)
-class StoreSpec:
-    """What the store section says, as plain values (the store package never imports config)."""
-
-    path: str
-    url: str | None = None
-    pool_size: int = 10
-    schema: str | None = None
-    # session.ttl: the Redis store gives every session's keys a native expiry.
-    ttl_s: float | None = None
-    # The Redis store's keys are "<key_prefix>:...".
-    key_prefix: str = "ctxproxy:store"
-    # cache.max_bytes: the stores' chain and history caches take their shares of it.
-    caches: CacheBudget = field(default_factory=CacheBudget)
-
-
 def backend_name(url: str | None) -> str:
     """``sqlite`` without a URL; else the backend its scheme names (ValueError if none)."""
     if url is None:
@@ -55,21 +42,5 @@ def backend_name(url: str | None) -> str:
 
 
 def build_store(spec: StoreSpec) -> Store:
-    backend = backend_name(spec.url)
-    if backend == "postgresql":
-        from proxy.store.postgres import PostgresStore
-
-        assert spec.url is not None
-        return PostgresStore(
-            spec.url, pool_size=spec.pool_size, schema=spec.schema, caches=spec.caches
-        )
-    if backend == "redis":
-        from proxy.store.redis import RedisStore
-
-        assert spec.url is not None
-        return RedisStore(
-            spec.url, prefix=f"{spec.key_prefix}:", ttl_s=spec.ttl_s, caches=spec.caches
-        )
-    from proxy.store.sqlite import SqliteStore
-
-    return SqliteStore(spec.path, caches=spec.caches)
+    store: Store = backend(backend_name(spec.url)).store(spec)
+    return store

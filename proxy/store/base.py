@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 def path_hash(parent: str | None, content_hash: str) -> str:
@@ -279,6 +279,9 @@ class FencedOut(RuntimeError):
 
 
 class Store(Protocol):
+    # Its backend's name (proxy/store/registry.py builds its indexes from it).
+    backend: ClassVar[str]
+
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...

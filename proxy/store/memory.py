@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -31,9 +31,11 @@ from proxy.store.base import (
     normalize_request,
     request_row,
 )
+from proxy.store.memory_search import MemoryRecallIndex
 from proxy.store.pruning import exclusive_suffix
+from proxy.store.registry import Backend, StoreSpec
 from proxy.store.sqlite_summaries import covering_summaries
-from proxy.store.vectors import ItemVector, StoredVectors
+from proxy.store.vectors import ItemVector, StoredVectors, VectorIndex
 
 
 @dataclass
@@ -47,6 +49,8 @@ class _Session:
 
 
 class MemoryStore:
+    backend: ClassVar[str] = "memory"
+
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
         self._sessions: dict[tuple[str, str], _Session] = {}
@@ -201,8 +205,9 @@ class MemoryStore:
                 item_id = chain[-1].parent_id
         return chain[::-1]
 
-    async def searchable(self, session: SessionRef) -> list[tuple[int, int, str, Any]]:
-        """Every item of the session (any branch): id, chain position, content hash, message.
+    async def searchable(self, session: SessionRef) -> list[tuple[int, int, str, int | None, Any]]:
+        """Every item of the session (any branch): id, chain position, content hash, token
+        count, message.
 
         For the recall index fake (proxy/store/memory_search.py).
         """
@@ -217,7 +222,7 @@ class MemoryStore:
                 while parent is not None:
                     depth, parent = depth + 1, self._items[parent].parent_id
                 message = orjson.loads(self._messages[item_id])
-                out.append((item_id, depth, item.content_hash, message))
+                out.append((item_id, depth, item.content_hash, item.token_count, message))
             return out
 
     def _item(self, item_id: int) -> StoredItem:
@@ -565,3 +570,14 @@ class MemoryStore:
 
 def _summary(data: bytes) -> StoredSummary:
     return StoredSummary(**orjson.loads(data))
+
+
+def _build(spec: StoreSpec) -> MemoryStore:
+    return MemoryStore()
+
+
+def _vectors(store: MemoryStore) -> VectorIndex:
+    return store  # it keeps its vectors itself
+
+
+BACKEND: Backend[MemoryStore] = Backend("memory", _build, MemoryRecallIndex, _vectors)

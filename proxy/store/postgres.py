@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import asyncpg
 import orjson
@@ -45,6 +45,9 @@ from proxy.store.base import (
 from proxy.store.chains import ChainCache
 from proxy.store.postgres_history import ITEM_COLUMNS, PostgresHistoryCache
 from proxy.store.postgres_schema import migrate
+from proxy.store.postgres_search import PostgresRecallIndex
+from proxy.store.postgres_vectors import PostgresVectorIndex
+from proxy.store.registry import Backend, StoreSpec
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_summaries import covering
 
@@ -97,6 +100,8 @@ _REQUEST_COLUMNS = jobs.REQUEST_COLUMNS
 
 class PostgresStore:
     """A pool of asyncpg connections; one transaction per write."""
+
+    backend: ClassVar[str] = "postgresql"
 
     def __init__(
         self,
@@ -362,3 +367,21 @@ class PostgresStore:
     ) -> list[StoredSummary] | None:
         # Other instances write summaries too, and nothing tells this one: always read.
         return None
+
+
+def _build(spec: StoreSpec) -> PostgresStore:
+    if spec.url is None:
+        raise ValueError("the PostgreSQL store needs a store URL")
+    return PostgresStore(spec.url, pool_size=spec.pool_size, schema=spec.schema, caches=spec.caches)
+
+
+# The indexes run their statements on the store's pool, as its own methods do.
+def _recall(store: PostgresStore) -> PostgresRecallIndex:
+    return PostgresRecallIndex(store._fetch)
+
+
+def _vectors(store: PostgresStore) -> PostgresVectorIndex:
+    return PostgresVectorIndex(store._fetch, store._transaction)
+
+
+BACKEND: Backend[PostgresStore] = Backend("postgresql", _build, _recall, _vectors)

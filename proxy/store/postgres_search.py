@@ -4,10 +4,13 @@ The vector is written in the same statement that stores the item
 (proxy/store/postgres_jobs.py), under the ``ctx_english`` configuration:
 English snowball stems, as SQLite's porter, and no stopword list (the recall
 step drops its own). The database is asked only for what its indexes answer
-(proxy/store/bm25.py ranks): the session's items stored since this process
+(proxy/store/bm25_index.py ranks): the session's items stored since this process
 last counted them (``items_session_id``, migration 5) and the ids of the
 session's items matching each term (the GIN index ``items_search``); then
-the best candidates' positions, token counts and content hashes. Each term
+the positions, token counts and content hashes of the candidates this process
+has not read before, and the messages of those that may rank (the words they
+repeat, counted as every backend counts them: the ``tsvector``'s stems are
+English snowball's, not Porter's). Each term
 is matched as ``plainto_tsquery`` makes it (its words, stemmed, all of them).
 A term's items are found by the GIN index alone, then checked for the
 session (``session_id + 0``: the planner does not get to scan the session's
@@ -30,13 +33,15 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from proxy.store.bm25 import Bm25Index
+from proxy.store.bm25_index import Bm25Index
 
 _MATCHES = """
     WITH s AS (SELECT id FROM sessions WHERE tenant = $1 AND key = $2),
     added AS (
         SELECT count(*) AS items, coalesce(sum(i.token_count), 0) AS tokens, max(i.id) AS top
-        FROM items i WHERE i.session_id = (SELECT id FROM s) AND i.id > $3
+        FROM items i
+        -- Only items with words count, as the other indexes count them.
+        WHERE i.session_id = (SELECT id FROM s) AND i.id > $3 AND i.search <> ''::tsvector
     )
     SELECT -1 AS k, s.id::text AS ids, added.items, added.tokens, added.top FROM s, added
     UNION ALL
@@ -51,6 +56,8 @@ _ROWS = """
     SELECT id, session_id, position, token_count, content_hash
     FROM items WHERE id = ANY($1::bigint[])
 """
+
+_TEXTS = "SELECT id, message_json FROM items WHERE id = ANY($1::bigint[])"
 
 Fetch = Callable[..., Coroutine[Any, Any, list[Any]]]
 
@@ -73,3 +80,6 @@ class PostgresRecallIndex(Bm25Index):
 
     async def _rows(self, ids: Sequence[int]) -> Sequence[Any]:
         return await self._fetch(_ROWS, list(ids))
+
+    async def _texts(self, ids: Sequence[int]) -> Sequence[Any]:
+        return await self._fetch(_TEXTS, list(ids))

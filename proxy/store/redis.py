@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from redis.asyncio import Redis
@@ -52,8 +52,10 @@ from proxy.store.base import (
 )
 from proxy.store.chains import ChainCache
 from proxy.store.redis_history import RedisHistoryCache
-from proxy.store.redis_search import index_terms
+from proxy.store.redis_search import RedisRecallIndex, index_terms
+from proxy.store.redis_vectors import RedisVectorIndex
 from proxy.store.redis_writes import RETRY, RecordCall
+from proxy.store.registry import Backend, StoreSpec
 from proxy.store.sqlite_summaries import covering_summaries
 from proxy.telemetry.logging import get_logger
 
@@ -69,6 +71,8 @@ class RedisStoreError(RuntimeError):
 
 
 class RedisStore:
+    backend: ClassVar[str] = "redis"
+
     def __init__(
         self,
         url: str,
@@ -373,10 +377,20 @@ class RedisStore:
     # -- recall (proxy/store/redis_search.py) --------------------------------------
 
     async def search(
-        self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
+        self,
+        session: SessionRef,
+        words: Sequence[str],
+        *,
+        limit: int,
+        before: str,
+        constants: Sequence[float],
     ) -> list[bytes]:
-        """The recall index's script: {item id, position, score, content hash, ...}, best first."""
-        return list(await self._run("SEARCH", session.tenant, session.key, limit, before, *words))
+        """The recall index's script (``constants``: proxy/store/bm25.py's SCRIPT_ARGS):
+        {item id, position, score, content hash, ...}, best first."""
+        # repr: the shortest text that reads back as the same double (Lua's tonumber too).
+        numbers = [repr(c) for c in constants]
+        args: list[str | bytes | int] = [session.tenant, session.key, limit, before, *numbers]
+        return list(await self._run("SEARCH", *args, *words))
 
     # -- summaries ----------------------------------------------------------------
 
@@ -465,3 +479,12 @@ _READ_SCRIPTS = (
     "SUMMARIES",
     "SEARCH",
 )
+
+
+def _build(spec: StoreSpec) -> RedisStore:
+    if spec.url is None:
+        raise ValueError("the Redis store needs a store URL")
+    return RedisStore(spec.url, prefix=f"{spec.key_prefix}:", ttl_s=spec.ttl_s, caches=spec.caches)
+
+
+BACKEND: Backend[RedisStore] = Backend("redis", _build, RedisRecallIndex, RedisVectorIndex)

@@ -57,7 +57,7 @@ class Specs:
 EAGER_WORDS = 4
 
 
-# An item's recall index entry, "<length> word:tf word:tf ..." ('' for none).
+# An item's recall index entry, "word:tf word:tf ..." ('' for none).
 Words = Callable[[Mapping[str, Any]], str]
 
 

@@ -199,13 +199,15 @@ return redis.call('HVALS', P .. 'm:' .. sid)
 """
 )
 
-# ARGV: 1 prefix, 2 tenant, 3 key, 4 limit, 5 before ('' for none), 6... the
-# stemmed words. Okapi BM25 (k1 1.2, b 0.75) over the postings of those words
-# only, and of those only the ones in at most 5% of the session's items (or 50)
-# when there are any, else the two rarest, as the SQLite index chooses
-# (sqlite_search.informative): a word in most items weighs next to nothing, and
-# parsing its postings was most of a search at 5,000 stored turns. Returns
-# {item id, position, score, content hash, ...}, best first.
+# ARGV: 1 prefix, 2 tenant, 3 key, 4 limit, 5 before ('' for none), 6 k1, 7 b,
+# 8 common share, 9 common min (proxy/store/bm25.py, SCRIPT_ARGS), 10... the
+# stemmed words. Okapi BM25 as proxy/store/bm25.py's ``score`` computes it, the
+# same operations in the same order, over the postings of those words only, and
+# of those only the ones in at most the common share of the session's items (or
+# the common min) when there are any, else the two rarest, as ``informative``
+# chooses: a word in most items weighs next to nothing, and parsing its postings
+# was most of a search at 5,000 stored turns. Returns {item id, position, score,
+# content hash, ...}, best first, the newest of equals first.
 SEARCH = (
     _READ
     + r"""
@@ -214,12 +216,13 @@ if not sid then return {} end
 local stats = redis.call('HMGET', P .. 's:' .. sid, 'xn', 'xl')
 local total = tonumber(stats[1] or '0')
 if total == 0 then return {} end
-local average = tonumber(stats[2]) / total
+local average = math.max(1, tonumber(stats[2]) / total)
 local limit, before = tonumber(ARGV[4]), tonumber(ARGV[5])
+local k1, b = tonumber(ARGV[6]), tonumber(ARGV[7])
 local index = P .. 'x:' .. sid
 local found, chosen = {}, {}
-local cap = math.max(50, 0.05 * total)
-for i = 6, #ARGV do
+local cap = math.max(tonumber(ARGV[9]), tonumber(ARGV[8]) * total)
+for i = 10, #ARGV do
   local posting = redis.call('HGET', index, ARGV[i])
   -- Its further chunks (proxy/store/redis_scripts.py, index_item).
   local chunks = tonumber(redis.call('HGET', index, ARGV[i] .. '#n') or '0')
@@ -249,15 +252,19 @@ for _, word in ipairs(chosen) do
   local idf = math.log(1 + (total - n + 0.5) / (n + 0.5))
   for id, tf, length, position in string.gmatch(posting, '(%d+),(%d+),(%d+),(%d+);') do
     if not before or tonumber(position) < before then
-      local f = tonumber(tf)
-      local score = idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * tonumber(length) / average))
+      local f, tokens = tonumber(tf), tonumber(length)
+      if tokens == 0 then tokens = average end
+      local norm = k1 * (1 - b + b * tokens / average)
       if not scores[id] then ranked[#ranked + 1] = id end
-      scores[id] = (scores[id] or 0) + score
+      scores[id] = (scores[id] or 0) + idf * f * (k1 + 1) / (f + norm)
       positions[id] = position
     end
   end
 end
-table.sort(ranked, function(a, b) return scores[a] > scores[b] end)
+table.sort(ranked, function(x, y)
+  if scores[x] ~= scores[y] then return scores[x] > scores[y] end
+  return tonumber(x) > tonumber(y)
+end)
 local out = {}
 local items = P .. 'i:' .. sid
 for i = 1, math.min(limit, #ranked) do

@@ -129,18 +129,18 @@ local function touch(sid, tenant, now)
   redis.call('ZADD', P .. 'upd:' .. tenant, now, member(sid, tenant))
 end
 
--- A new item's words in the session's inverted index: one posting per word
--- ("item id,term frequency,item length,position;"), appended in this same script.
+-- A new item's words ("word:tf word:tf ...") in the session's inverted index: one
+-- posting per word ("item id,term frequency,item length,position;", the length its
+-- token count, 0 if unknown), appended in this same script.
 -- A word's postings are chunks of at most POSTINGS_CHUNK bytes: field ``word``,
 -- then ``word#1``, ``word#2``... (``word#n``: how many after the first), so an
 -- append copies one chunk, not every posting of a word the session says often.
 local POSTINGS_CHUNK = 4096
-local function index_item(sid, id, position, terms)
+local function index_item(sid, id, position, length, terms)
   if terms == '' then return end
-  local length, words = string.match(terms, '^(%d+)(.*)$')
   local index = P .. 'x:' .. sid
   local entry = id .. ',%s,' .. length .. ',' .. position .. ';'
-  for word, tf in string.gmatch(words, ' ([^ :]+):(%d+)') do
+  for word, tf in string.gmatch(terms, '([^ :]+):(%d+)') do
     local chunks = tonumber(redis.call('HGET', index, word .. '#n') or '0')
     local field = word
     if chunks > 0 then field = word .. '#' .. chunks end
@@ -171,7 +171,7 @@ local function store_chain(sid, parent, first, count, base, conv)
       redis.call('HSET', paths, ARGV[j], id)
       redis.call('HSET', parents, id, parent)
       redis.call('HSET', items, id, ARGV[j + 2])
-      index_item(sid, id, first + i - 1, ARGV[j + 3])
+      index_item(sid, id, first + i - 1, ARGV[j + 1], ARGV[j + 3])
       added = added + 1
       tokens = tokens + tonumber(ARGV[j + 1])
       if first + i - 1 < conv then new = new + 1 end

@@ -2,18 +2,19 @@
 
 Plain Redis has no full-text index, so the store keeps its own: for each
 session a hash from each stemmed word to its postings (item id, term
-frequency, item length, position), appended by the very script that stores
-the item (proxy/store/redis_scripts.py), so an item is searchable exactly
-when it is stored, expires with its session and is deleted with it. A search
-is one script that reads only the postings of the query's words (work
-proportional to the matching items, never to the session) and ranks them by
-Okapi BM25 (k1 1.2, b 0.75), as SQLite's FTS5 does.
+frequency, item token count, position), appended by the very script that
+stores the item (proxy/store/redis_scripts.py), so an item is searchable
+exactly when it is stored, expires with its session and is deleted with it.
+A search is one script that reads only the postings of the query's words
+(work proportional to the matching items, never to the session) and scores
+them as every backend does (proxy/store/bm25.py), handed its constants.
 
 Words are what SQLite's ``porter unicode61`` tokenizer makes of the same
 text (proxy/store/search_text.py): runs of letters and digits, lower-cased,
 accents removed, Porter-stemmed (snowballstemmer's ``porter``), so a query
-matches on Redis what it matches on SQLite. Rankings can differ in detail:
-FTS5 counts tokens slightly differently.
+matches on Redis what it matches on SQLite. Postings written before the
+length was the token count hold the item's words instead, until the session
+expires: they rank a little differently.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.store.base import SessionRef
+from proxy.store.bm25 import SCRIPT_ARGS
 from proxy.store.search import SearchHit
 from proxy.store.search_text import search_text, stem, tokens, words
 
@@ -31,7 +33,13 @@ class _Searchable(Protocol):
     """What the index needs of the RedisStore (its SEARCH script), without importing it."""
 
     async def search(
-        self, session: SessionRef, words: Sequence[str], *, limit: int, before: str
+        self,
+        session: SessionRef,
+        words: Sequence[str],
+        *,
+        limit: int,
+        before: str,
+        constants: Sequence[float],
     ) -> list[bytes]: ...
 
 
@@ -40,14 +48,14 @@ MAX_WORDS = 4096
 
 
 def index_terms(message: Mapping[str, Any]) -> str:
-    """An item's words for the store script: ``"<length> word:tf word:tf ..."`` ('' for none)."""
+    """An item's words for the store script: ``"word:tf word:tf ..."`` ('' for none)."""
     found = tokens(search_text(message))
     if not found:
         return ""
     counts: Counter[str] = Counter()
     for word, n in Counter(found).items():  # each distinct word stemmed once
         counts[stem(word)] += n
-    return f"{len(found)} " + " ".join(f"{w}:{n}" for w, n in counts.most_common(MAX_WORDS))
+    return " ".join(f"{w}:{n}" for w, n in counts.most_common(MAX_WORDS))
 
 
 class RedisRecallIndex:
@@ -64,11 +72,16 @@ class RedisRecallIndex:
         limit: int,
         before: int | None = None,
     ) -> list[SearchHit]:
-        wanted = sorted({w for term in terms for w in words(term)})
+        # In the query's order, as every backend sums the terms' scores.
+        wanted = list(dict.fromkeys(w for term in terms for w in words(term)))
         if not wanted or limit <= 0:
             return []
         out = await self._store.search(
-            session, wanted, limit=limit, before="" if before is None else str(before)
+            session,
+            wanted,
+            limit=limit,
+            before="" if before is None else str(before),
+            constants=SCRIPT_ARGS,
         )
         return [
             SearchHit(int(out[i]), int(out[i + 1]), out[i + 3].decode(), float(out[i + 2]))

@@ -45,10 +45,12 @@ class RecallIndex(Protocol):
       after the backend's stemming (SQLite: porter; PostgreSQL: the
       ``english`` configuration). The searchable text is
       :func:`proxy.store.search_text.search_text` of the stored message.
-    - **Ranking.** Best first by a BM25-like relevance (rarer terms and
-      more occurrences score higher, long items lower); ties in any order.
-      At most ``limit`` hits; only items whose ``position`` is below
-      ``before`` when it is given.
+    - **Ranking.** Best first by Okapi BM25 as :func:`proxy.store.bm25.score`
+      computes it (rarer terms and more occurrences score higher, items of
+      more stored tokens lower), the same scores on every backend
+      (tests/store/test_search_ranking.py); the newest of equals first. At
+      most ``limit`` hits, the ``limit`` best of the whole ranking; only items
+      whose ``position`` is below ``before`` when it is given.
     - **Cost.** One indexed query; no work proportional to the session's
       length beyond the matching items. Errors raise (the caller serves the
       request without recall).

@@ -15,7 +15,7 @@ import functools
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import aiosqlite
 import orjson
@@ -39,9 +39,12 @@ from proxy.store.base import (
 from proxy.store.chains import ChainCache
 from proxy.store.item_versions import ItemVersions
 from proxy.store.migrations import MIGRATIONS, migrate
+from proxy.store.registry import Backend, StoreSpec
 from proxy.store.rows import item_from_row, request_from_row, summary_from_row
 from proxy.store.sqlite_history import SqliteHistoryCache
 from proxy.store.sqlite_items import ITEM_COLUMNS, PAGE_SIZE
+from proxy.store.sqlite_search import SqliteRecallIndex
+from proxy.store.sqlite_vectors import SqliteVectorIndex
 from proxy.store.summary_memo import SummaryMemo
 from proxy.store.writer import SqliteWriter
 
@@ -86,6 +89,8 @@ class StoreUnavailable(Exception):
 
 class SqliteStore:
     """Reads on an aiosqlite connection; writes through the group-committing writer."""
+
+    backend: ClassVar[str] = "sqlite"
 
     def __init__(
         self, path: str | Path, *, busy_timeout: float = 5.0, caches: CacheBudget | None = None
@@ -488,3 +493,22 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _build(spec: StoreSpec) -> SqliteStore:
+    return SqliteStore(spec.path, caches=spec.caches)
+
+
+def _recall(store: SqliteStore) -> SqliteRecallIndex:
+    return SqliteRecallIndex(store.fetch_short)
+
+
+def _vectors(store: SqliteStore) -> SqliteVectorIndex:
+    return SqliteVectorIndex(store.fetch, store.write)
+
+
+def _versions(store: SqliteStore) -> Callable[[SessionRef], int | None]:
+    return store.items_version
+
+
+BACKEND: Backend[SqliteStore] = Backend("sqlite", _build, _recall, _vectors, _versions)

@@ -11,11 +11,13 @@ A term's doclist is the session's own, so matching it reads only the
 session's items that hold it (before migration 8 it was every session's,
 merged on each query with the session's ``scope`` doclist: most of a query's
 time at 5,000 stored turns). A search (ranked in the proxy:
-proxy/store/bm25.py) is one statement for the session's id, what its index
+proxy/store/bm25_index.py) is one statement for the session's id, what its index
 gained since this process last counted (rowids only grow: AUTOINCREMENT)
 and the rowids of the session's items holding each term, the index alone,
-no row read; then one for the best candidates' positions, token counts and
-content hashes.
+no row read; then, for the candidates this process has not read before, one
+for their positions, token counts and content hashes, and one for the
+messages of those that may rank (the words they repeat: the index has no
+term frequencies).
 
 A query term is looked up as the words the tokenizer makes of it (``_`` and
 every separator split it, as they split the indexed text): the index has no
@@ -31,7 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from proxy.store.bm25 import Bm25Index
+from proxy.store.bm25_index import Bm25Index
 from proxy.store.sqlite_items import hex_sql
 
 # An item without searchable text has a NULL body in the view: its row adds nothing.
@@ -80,12 +82,18 @@ def _match_sql(terms: int) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _detail_sql(rows: int) -> str:
-    """Statement 3: position, token count and content hash of the candidates (rowids)."""
+    """Statement 2: position, token count and content hash of the candidates (rowids)."""
     marks = ", ".join("?" for _ in range(rows))
     return f"""
     SELECT id, session_id, pos, token_count, {hex_sql("content_hash")}
     FROM items WHERE id IN ({marks})
     """
+
+
+@functools.lru_cache(maxsize=64)
+def _text_sql(rows: int) -> str:
+    """Statement 3: the messages of the candidates that may rank (their repeated words)."""
+    return f"SELECT id, message_json FROM items WHERE id IN ({', '.join('?' * rows)})"
 
 
 def index_items(conn: sqlite3.Connection, item_ids: Sequence[int]) -> None:
@@ -150,4 +158,8 @@ class SqliteRecallIndex(Bm25Index):
 
     async def _rows(self, ids: Sequence[int]) -> Sequence[Any]:
         rows: Sequence[Any] = await self._fetch(_detail_sql(len(ids)), tuple(ids))
+        return rows
+
+    async def _texts(self, ids: Sequence[int]) -> Sequence[Any]:
+        rows: Sequence[Any] = await self._fetch(_text_sql(len(ids)), tuple(ids))
         return rows

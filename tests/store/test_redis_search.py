@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from proxy.store.bm25 import average_length, score, weight
 from proxy.store.redis import RedisStore
 from proxy.store.redis_search import RedisRecallIndex, index_terms, words
 from tests.stores import ALICE, ScratchRedisStore, msg, req, require_redis
@@ -73,7 +74,7 @@ def test_words_are_porter_stems_of_letter_and_digit_runs_without_accents() -> No
         "order",
         "88412",
     ]
-    assert index_terms({"role": "user", "content": "order order 12"}) == "3 order:2 12:1"
+    assert index_terms({"role": "user", "content": "order order 12"}) == "order:2 12:1"
     assert index_terms({"role": "user", "content": "  "}) == ""
 
 
@@ -108,3 +109,20 @@ async def test_a_word_said_in_hundreds_of_items_is_indexed_in_chunks_all_of_them
     assert chunks is not None and int(chunks) >= 1
     hits = await RedisRecallIndex(a).search(ALICE, ["order", "shipped"], limit=500)
     assert sorted(h.position for h in hits) == list(range(400))
+
+
+async def test_the_search_script_scores_with_the_constants_it_is_handed(
+    pair: tuple[RedisStore, RedisStore],
+) -> None:
+    # k1 2, b .5 instead of bm25.py's: the script has no BM25 literal of its own.
+    a, _ = pair
+    texts = [("refund refund refund late", 10), ("a refund", 4), ("the parcel", None)]
+    chain = [msg("user" if i % 2 == 0 else "assistant", t, n) for i, (t, n) in enumerate(texts)]
+    await a.record_exchange(ALICE, chain, None, req())
+    out = await a.search(ALICE, ["refund"], limit=5, before="", constants=(2.0, 0.5, 0.05, 50))
+    got = [(int(out[i + 1]), float(out[i + 2])) for i in range(0, len(out), 4)]
+    w, average = weight(3, 2), average_length(14, 3)
+    assert got == [
+        (0, score([(w, 3)], 10, average, k1=2.0, b=0.5)),
+        (1, score([(w, 1)], 4, average, k1=2.0, b=0.5)),
+    ]

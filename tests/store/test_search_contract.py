@@ -153,3 +153,56 @@ async def test_tool_calls_and_responses_items_are_searchable(store: Store):
     assert [h.position for h in await idx.search(ALICE, ["colissimo"], limit=5)] == [1]
     assert [h.position for h in await idx.search(ALICE, ["villeurbanne"], limit=5)] == [2]
     assert [h.position for h in await idx.search(ALICE, ["where"], limit=5)] == [0]
+
+
+async def ranked(store: Store, texts: list[tuple[str, int | None]], terms: list[str]) -> list[Any]:
+    """Positions and scores (rounded) of ``terms`` over a conversation of (text, token count)."""
+    chain = [msg("user" if i % 2 == 0 else "assistant", t, n) for i, (t, n) in enumerate(texts)]
+    await store.record_exchange(ALICE, chain, None, req())
+    return [
+        (h.position, round(h.score, 4)) for h in await index(store).search(ALICE, terms, limit=5)
+    ]
+
+
+async def test_an_item_saying_a_word_more_often_ranks_above_a_shorter_one_saying_it_once(
+    store: Store,
+):
+    # Okapi BM25 (proxy/store/bm25.py): idf ln(1 + (3 - 2 + .5) / (2 + .5)) = .4700,
+    # average length 14 tokens; three "refund"s in 18 tokens: .4700 * 3 * 2.2 /
+    # (3 + 1.2 * (.25 + .75 * 18 / 14)) = .6960; one in 12: .4700 * 2.2 / (1 + 1.2 *
+    # (.25 + .75 * 12 / 14)) = .4992. Counted once per item, the first would be .4208.
+    texts = [
+        ("Refund, refund, refund: the charge is wrong, I want my money back.", 18),
+        ("I can look into a refund for you today.", 12),
+        ("The parcel arrived late and the box was damaged.", 12),
+    ]
+    assert await ranked(store, texts, ["refund"]) == [(0, 0.696), (1, 0.4992)]
+
+
+async def test_an_items_length_is_its_stored_token_count(store: Store):
+    # Both say "refund" once; the first is 2 words but 30 tokens (a hash), the
+    # second 9 words in 10 tokens: the second is the shorter item. The third's count
+    # is unknown: it adds nothing to the total and counts as the average, 40 / 3.
+    texts = [
+        ("Refund 4f9a1c7e2b3d5e6f7a8b9c0d1e2f3a4b", 30),
+        ("Please could you send the refund to my card", 10),
+        ("The parcel arrived late.", None),
+    ]
+    assert await ranked(store, texts, ["refund"]) == [(1, 0.5235), (0, 0.311)]
+
+
+async def test_an_item_without_searchable_text_weighs_nothing(store: Store):
+    # N is 2, not 3, and the average 5 tokens, not 20: ln(1 + 1.5 / 1.5) * 2.2 /
+    # (1 + 1.2 * (.25 + .75 * 4 / 5)) = .7549.
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Refund please"},
+        {"type": "reasoning", "summary": []},
+        {"role": "assistant", "content": "The parcel arrived"},
+    ]
+    chain = [
+        MessageIn(m, hashlib.sha256(orjson.dumps(m)).hexdigest(), str(m.get("role", "tool")), n)
+        for m, n in zip(messages, [4, 50, 6], strict=True)
+    ]
+    await store.record_exchange(ALICE, chain, None, req())
+    hits = await index(store).search(ALICE, ["refund"], limit=5)
+    assert [(h.position, round(h.score, 4)) for h in hits] == [(0, 0.7549)]
