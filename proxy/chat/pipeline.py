@@ -27,7 +27,8 @@ from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body
-from proxy.http.sessions import session_key, session_ref
+from proxy.http.session_lookup import find_session
+from proxy.http.sessions import session_ref
 from proxy.http.shape import (
     MAX_DEPTH,
     check_chat,
@@ -106,7 +107,8 @@ class ChatExchange(ExchangeRelay):
         self.model = model
         self.stream = body.get("stream") is True
         self.route = rt.router.match(self.endpoint, model, self.headers)
-        self.key = session_key(rt.config.session, self.headers, body)
+        found = find_session(rt.config.session, self.headers, body)
+        self.key, self.session_source = found.key, found.source
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
         server_history = self.route.history == "server" and self.ref is not None
         # What the session's message cache knows of a client-held history: a

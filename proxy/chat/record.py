@@ -127,6 +127,7 @@ class ExchangeRecord(ExchangeState):
             {
                 "request_id": r.id,
                 "session": r.session_key,
+                "session_source": self.session_source,
                 "tenant": r.tenant,
                 "route": r.route,
                 "policy": r.policy,

@@ -53,6 +53,8 @@ class ExchangeState:
         self.route: RouteConfig | None = None
         self.ref: SessionRef | None = None
         self.key: str | None = None
+        # Where the session id was found (proxy/http/session_lookup.py).
+        self.session_source: str | None = None
         self.model: str | None = None
         self.stream = False
         self.conversation: list[dict[str, Any]] = []
@@ -90,6 +92,8 @@ class ExchangeState:
             h["x-context-store"] = "anonymous-tenant"
         if self.key is not None:
             h["x-session-id"] = header_value(self.key)
+            if self.session_source is not None:
+                h["x-context-session-source"] = self.session_source
         if self.route is not None:
             h["x-context-policy"] = self.policy or self.route.policy
         if self.mode is not None:

@@ -25,6 +25,7 @@ from proxy.config.masking import mask_spec
 from proxy.config.model import (
     ENV_PREFIX,
     AdminConfig,
+    AgentSessions,
     CacheConfig,
     Config,
     LoggingConfig,
@@ -64,7 +65,8 @@ from proxy.errors import ConfigError, ConfigErrors
 
 STORE_KEYS = {"path", "url", "pool_size", "schema", "key_prefix"}
 
-SESSION_KEYS = {"header", "fallbacks", "ttl", "anonymous_tenant"}
+SESSION_KEYS = {"header", "fallbacks", "agents", "ttl", "anonymous_tenant"}
+AGENT_KEYS = {"codex", "claude_code", "prompt_cache_key"}
 SERVER_KEYS = {
     "host",
     "port",
@@ -109,8 +111,28 @@ def _session(node: Node) -> SessionConfig:
     return SessionConfig(
         header=node.text("header", "X-Session-Id") or "X-Session-Id",
         fallbacks=tuple(fallbacks),
+        agents=_agents(node),
         ttl_s=duration(node, "ttl"),
         anonymous_tenant=node.text("anonymous_tenant"),
+    )
+
+
+def _agents(session: Node) -> AgentSessions:
+    """``session.agents``: a mapping of switches, or ``false`` for none of them."""
+    raw = session.raw("agents")
+    if raw is None or raw is True:
+        return AgentSessions()
+    if raw is False:
+        return AgentSessions(codex=False, claude_code=False, prompt_cache_key=False)
+    if not isinstance(raw, Mapping):
+        session.bad("agents", f"must be a mapping or true/false, got {show(raw)}")
+        return AgentSessions()
+    node = session.child("agents", AGENT_KEYS)
+    d = AgentSessions()
+    return AgentSessions(
+        codex=node.flag("codex", d.codex),
+        claude_code=node.flag("claude_code", d.claude_code),
+        prompt_cache_key=node.flag("prompt_cache_key", d.prompt_cache_key),
     )
 
 

@@ -48,10 +48,27 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class AgentSessions:
+    """Session ids that known clients send of their own accord, read without configuration
+    when neither the configured header nor a fallback names the session
+    (proxy/http/session_lookup.py, docs/agents-sessions.md). Each can be switched off."""
+
+    # Codex CLI: the ``session-id`` header (``session_id`` before 0.1xx), then ``thread-id``.
+    codex: bool = True
+    # Claude Code: ``X-Claude-Code-Session-Id``; a sub-agent (``X-Claude-Code-Agent-Id``)
+    # is a session of its own, ``<session>/agent/<agent id>``.
+    claude_code: bool = True
+    # The body's ``prompt_cache_key``, the last resort: clients that set one per conversation.
+    prompt_cache_key: bool = True
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     header: str = "X-Session-Id"
     # Where else to look, in order: "body.user", "body.metadata.session_id".
     fallbacks: tuple[str, ...] = ()
+    # Known agents' own session ids, read after the header and the fallbacks.
+    agents: AgentSessions = AgentSessions()
     # session.ttl in seconds: sessions idle longer are deleted. None: kept forever.
     ttl_s: float | None = None
     # The tenant of requests without an API key. None: such requests are

@@ -175,6 +175,18 @@ class Node:
             return default if resolved is value else str(resolved)
         return value
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean (an ``os.environ/NAME`` holding true or false is accepted too)."""
+        if not self.has(key):
+            return default
+        value = self.value[key]
+        if isinstance(value, EnvStr) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            self.bad(key, f"must be true or false, got {show(value)}")
+            return default
+        return value
+
     def path_value(self, key: str, default: str | None = None) -> str | None:
         """A filesystem path: relative ones are taken from the config file's folder."""
         value = self.text(key, default)

@@ -113,6 +113,28 @@ SESSION = obj(
                 ]
             },
         },
+        "agents": {
+            "description": "Session ids known clients send themselves, read when the header and "
+            "the fallbacks name none (docs/agents-sessions.md); false: none of them.",
+            "anyOf": [
+                {"type": "boolean"},
+                obj(
+                    "Each source, switchable off (all on by default).",
+                    {
+                        "codex": boolean(
+                            "Codex CLI: the session-id header (session_id), then thread-id."
+                        ),
+                        "claude_code": boolean(
+                            "Claude Code: X-Claude-Code-Session-Id; a sub-agent "
+                            "(X-Claude-Code-Agent-Id) is <session>/agent/<id>."
+                        ),
+                        "prompt_cache_key": boolean(
+                            "Last resort: the body's prompt_cache_key names the session."
+                        ),
+                    },
+                ),
+            ],
+        },
         "ttl": text(
             "Delete sessions idle this long (30m, 12h, 7d); omitted: kept forever.",
             pattern=r"^\s*\d+(\.\d+)?\s*[smhd]\s*$",

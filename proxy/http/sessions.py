@@ -12,10 +12,9 @@ from urllib.parse import quote
 import orjson
 
 from proxy.config.model import SessionConfig
-from proxy.errors import InvalidRequest
+from proxy.http.session_lookup import find_session
 from proxy.store.base import SessionRef
 
-MAX_SESSION_ID = 256
 ANONYMOUS_TENANT = "anonymous"
 
 
@@ -44,36 +43,8 @@ def _tenant_hash(api_key: str) -> str:
 def session_key(
     config: SessionConfig, headers: Mapping[str, str], body: Mapping[str, Any]
 ) -> str | None:
-    """The session id from the configured header, then the fallbacks; validated."""
-    value: Any = headers.get(config.header.lower())
-    for fallback in config.fallbacks:
-        if value:
-            break
-        if fallback == "body.user":
-            value = body.get("user")
-        elif fallback == "body.metadata.session_id":
-            meta = body.get("metadata")
-            value = meta.get("session_id") if isinstance(meta, Mapping) else None
-        elif fallback.startswith("header:"):
-            value = headers.get(fallback[len("header:") :].lower())
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise InvalidRequest("The session id must be a string.", param="session_id")
-    if len(value) > MAX_SESSION_ID:
-        raise InvalidRequest(
-            f"The session id is {len(value)} characters long; "
-            f"at most {MAX_SESSION_ID} are allowed.",
-            param=config.header,
-            code="invalid_session_id",
-        )
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise InvalidRequest(
-            "The session id must not contain control characters.",
-            param=config.header,
-            code="invalid_session_id",
-        )
-    return value
+    """The session id (proxy/http/session_lookup.py: the header, fallbacks, known agents)."""
+    return find_session(config, headers, body).key
 
 
 # Kept as they are in the X-Session-Id response header: printable ASCII but '%'.

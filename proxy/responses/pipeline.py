@@ -48,7 +48,8 @@ from proxy.chat.recall_step import spec_recall
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
-from proxy.http.sessions import session_key, session_ref
+from proxy.http.session_lookup import find_session
+from proxy.http.sessions import session_ref
 from proxy.http.shape import check_responses
 from proxy.responses.chain import previous_chain
 from proxy.responses.items import (
@@ -132,7 +133,8 @@ class ResponsesExchange(ChatExchange):
         self.stream = body.get("stream") is True
         items = input_items(body)
         self.route = rt.router.match(self.endpoint, model, self.request.headers)
-        self.key = session_key(rt.config.session, self.request.headers, body)
+        found = find_session(rt.config.session, self.request.headers, body)
+        self.key, self.session_source = found.key, found.source
         chain = await self._previous_chain(body.get("previous_response_id"))
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
         self.chain = chain
@@ -189,6 +191,7 @@ class ResponsesExchange(ChatExchange):
             return []
         if self.key is None:
             self.key = self.previous.session_key
+            self.session_source = "previous_response_id"
         return await previous_chain(store, self.previous)
 
     async def _send(self, body: dict[str, Any]) -> Response:
@@ -344,6 +347,7 @@ class ResponsesExchange(ChatExchange):
         )
         if storable and self.key is None:
             self.key = f"resp:{self.response_id}"
+            self.session_source = "response"
         return storable
 
     async def _commit(

@@ -12,6 +12,7 @@ import yaml
 
 from policies.types import NoneSpec, TrimSpec
 from proxy.config.loader import load_config, parse_config
+from proxy.config.model import AgentSessions
 from proxy.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +83,9 @@ policies:
         (base(upstreams={"default": {"base_url": "http://x", "api_key": "os.environ/CTX_SURELY_UNSET"}}), "upstreams.default.api_key: environment variable CTX_SURELY_UNSET is not set"),
         (base(session={"header": 5}), "session.header: must be a string, got 5"),
         (base(session={"fallbacks": ["body.nope"]}), "session.fallbacks[0]: must be"),
+        (base(session={"agents": {"codex": "yes"}}), "session.agents.codex: must be true or false, got 'yes'"),
+        (base(session={"agents": {"cursor": True}}), "session.agents.cursor: unknown key"),
+        (base(session={"agents": 5}), "session.agents: must be a mapping or true/false, got 5"),
         (base(server={"port": 0}), "server.port: must be >= 1, got 0"),
         (base(logging={"level": "loud"}), "logging.level: must be"),
         ([1, 2], "must be a mapping"),
@@ -131,3 +135,11 @@ def test_check_command_accepts_the_example_and_rejects_a_bad_file(tmp_path):
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_agent_sessions_are_on_by_default_and_each_switches_off():
+    assert parse_config(base()).session.agents == AgentSessions()
+    one_off = parse_config(base(session={"agents": {"claude_code": False}})).session.agents
+    assert one_off == AgentSessions(codex=True, claude_code=False, prompt_cache_key=True)
+    none = parse_config(base(session={"agents": False})).session.agents
+    assert none == AgentSessions(codex=False, claude_code=False, prompt_cache_key=False)

@@ -1,0 +1,122 @@
+"""Which session a request belongs to: the configured header, its fallbacks, then known agents.
+
+The order, first found wins:
+
+1. the configured header (``session.header``, ``X-Session-Id`` by default);
+2. the configured fallbacks, in order (``body.metadata.session_id``, ``body.user``,
+   ``header:NAME``);
+3. known agents' own ids, each switchable off under ``session.agents``:
+   - Codex CLI: ``session-id`` (``session_id`` in versions before the rename),
+     then ``thread-id``. Codex keeps both for a whole thread, across its
+     compaction windows: ``x-codex-window-id`` changes at each compaction and
+     is deliberately not read, so a compacted thread stays one session;
+   - Claude Code: ``X-Claude-Code-Session-Id``. A sub-agent it starts sends
+     its parent's session id with ``X-Claude-Code-Agent-Id``: it is kept apart
+     as ``<session>/agent/<agent id>`` (its own history, summaries and recall),
+     never mixed into the parent's conversation;
+4. the body's ``prompt_cache_key``, the last resort (Codex sets it to its
+   session id; other clients set one per conversation).
+
+The configured fallbacks come before the agents: a source a deployment
+configured is one it means. (A ``user`` field often names a person rather
+than a conversation; a deployment serving coding agents may drop it.)
+Every found id is checked the
+same way (length, control characters) and the source that named it is kept
+(``X-Context-Session-Source``, the log line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.config.model import SessionConfig
+from proxy.errors import InvalidRequest
+
+MAX_SESSION_ID = 256
+
+# Codex CLI's headers, most specific first (session_id: Codex before the rename).
+CODEX_HEADERS = ("session-id", "session_id", "thread-id")
+CLAUDE_CODE_SESSION = "x-claude-code-session-id"
+CLAUDE_CODE_AGENT = "x-claude-code-agent-id"
+# Between a Claude Code session id and a sub-agent's id in the sub-agent's session key.
+AGENT_SEPARATOR = "/agent/"
+
+
+@dataclass(frozen=True)
+class FoundSession:
+    """A request's session id and where it was found (None, None: no session)."""
+
+    key: str | None
+    # "header", "body.user", "header:NAME", "codex:session-id", "claude-code",
+    # "claude-code:agent", "prompt_cache_key".
+    source: str | None
+
+
+NO_SESSION = FoundSession(None, None)
+
+
+def find_session(
+    config: SessionConfig, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> FoundSession:
+    """The session id, validated, and its source (module docstring for the order).
+
+    ``headers``: lower-case names (Starlette's Headers, or a dict of them).
+    """
+    value: Any = headers.get(config.header.lower())
+    if value:
+        return _checked(value, config.header, "header")
+    for fallback in config.fallbacks:
+        if fallback == "body.user":
+            value = body.get("user")
+        elif fallback == "body.metadata.session_id":
+            meta = body.get("metadata")
+            value = meta.get("session_id") if isinstance(meta, Mapping) else None
+        elif fallback.startswith("header:"):
+            value = headers.get(fallback[len("header:") :].lower())
+        if value is not None and value != "":
+            return _checked(value, fallback, fallback)
+    agents = config.agents
+    if agents.codex:
+        for name in CODEX_HEADERS:
+            value = headers.get(name)
+            if value:
+                return _checked(value, name, f"codex:{name}")
+    if agents.claude_code:
+        value = headers.get(CLAUDE_CODE_SESSION)
+        if value:
+            agent = headers.get(CLAUDE_CODE_AGENT)
+            if agent:
+                key = value + AGENT_SEPARATOR + agent
+                return _checked(key, CLAUDE_CODE_AGENT, "claude-code:agent")
+            return _checked(value, CLAUDE_CODE_SESSION, "claude-code")
+    if agents.prompt_cache_key:
+        value = body.get("prompt_cache_key")
+        if value is not None and value != "":
+            return _checked(value, "prompt_cache_key", "prompt_cache_key")
+    return NO_SESSION
+
+
+def _checked(value: object, param: str, source: str) -> FoundSession:
+    """``value`` as a session id, or the 400 that names where it came from (``param``)."""
+    if not isinstance(value, str):
+        raise InvalidRequest(
+            f"The session id ({param}) must be a string.",
+            param=param,
+            code="invalid_session_id",
+        )
+    if len(value) > MAX_SESSION_ID:
+        raise InvalidRequest(
+            f"The session id ({param}) is {len(value)} characters long; "
+            f"at most {MAX_SESSION_ID} are allowed.",
+            param=param,
+            code="invalid_session_id",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidRequest(
+            f"The session id ({param}) must not contain control characters.",
+            param=param,
+            code="invalid_session_id",
+        )
+    return FoundSession(value, source)
