@@ -42,9 +42,8 @@ def proxy(
     loop_thread: LoopThread, task: tuple[CodingTask, AiohttpServer], tmp_path: Path
 ) -> Iterator[ProxyServer]:
     routes = [{"match": {"path": "/v1/responses"}, "upstream": "default"}]
-    session = {"session": {"header": "session-id"}}
-    config = make_config(task[1].url, tmp_path, routes=routes, extra=session)
-    server = ProxyServer(loop_thread, config)
+    # No session configuration: the proxy reads Codex's own session-id header.
+    server = ProxyServer(loop_thread, make_config(task[1].url, tmp_path, routes=routes))
     yield server
     server.stop()
 
