@@ -39,25 +39,49 @@ class Fact:
 
 
 FACTS = [
-    Fact("db.env", "Which port does the billing database listen on?", "7311", "DB_PORT=7311"),
-    Fact("owner.txt", "Who owns the payments service?", "Dana Whitfield", "owner: Dana Whitfield"),
-    Fact("errors.md", "Which error code means a stale ledger?", "E4207", "E4207 stale ledger"),
-    Fact("cron.txt", "When does the nightly export run?", "02:45", "export runs at 02:45 UTC"),
-    Fact("queue.env", "What is the queue's visibility timeout?", "93s", "VISIBILITY_TIMEOUT=93s"),
-    Fact("region.txt", "Which region is the failover?", "eu-north-1", "failover: eu-north-1"),
+    Fact("db.env", "Which port did db.env give the billing database?", "7311", "DB_PORT=7311"),
+    Fact(
+        "owner.txt",
+        "Who does owner.txt name as the owner?",
+        "Dana Whitfield",
+        "owner: Dana Whitfield",
+    ),
+    Fact(
+        "errors.md", "Which code means a stale ledger in errors.md?", "E4207", "E4207 stale ledger"
+    ),
+    Fact(
+        "cron.txt", "When does the export run, per cron.txt?", "02:45", "export runs at 02:45 UTC"
+    ),
+    Fact(
+        "queue.env", "What visibility timeout does queue.env set?", "93s", "VISIBILITY_TIMEOUT=93s"
+    ),
+    Fact(
+        "region.txt",
+        "Which failover region is in region.txt?",
+        "eu-north-1",
+        "failover: eu-north-1",
+    ),
     Fact(
         "flags.txt",
-        "Which feature flag gates refunds?",
+        "Which flag gates refunds, per flags.txt?",
         "refund_v3",
         "flag refund_v3 gates refunds",
     ),
-    Fact("limits.env", "What is the per-tenant rate limit?", "417/min", "RATE_LIMIT=417/min"),
-    Fact("bucket.txt", "Which bucket holds invoices?", "inv-archive-88", "bucket inv-archive-88"),
-    Fact("oncall.txt", "Who is on call this week?", "Priya Raman", "on call: Priya Raman"),
+    Fact("limits.env", "What rate limit does limits.env set?", "417/min", "RATE_LIMIT=417/min"),
     Fact(
-        "cert.txt", "When does the TLS certificate expire?", "2027-03-14", "cert expires 2027-03-14"
+        "bucket.txt",
+        "Which bucket does bucket.txt name?",
+        "inv-archive-88",
+        "bucket inv-archive-88",
     ),
-    Fact("replica.env", "How many read replicas are there?", "5", "READ_REPLICAS=5"),
+    Fact("oncall.txt", "Who is on call, per oncall.txt?", "Priya Raman", "on call: Priya Raman"),
+    Fact(
+        "cert.txt",
+        "When does the cert in cert.txt expire?",
+        "2027-03-14",
+        "cert expires 2027-03-14",
+    ),
+    Fact("replica.env", "How many read replicas does replica.env set?", "5", "READ_REPLICAS=5"),
 ]
 PROMPT = "Read every file under notes/ one at a time and tell me when you are done."
 # Lines of build log around each fact, so the history grows as a real session's does.
