@@ -34,7 +34,7 @@ from proxy.ops.preview import context_preview
 from proxy.ops.reload import Reloader
 from proxy.passthrough.models import models
 from proxy.passthrough.relay import relay
-from proxy.responses.pipeline import create_response
+from proxy.responses.compaction import create_response
 from proxy.responses.stored import delete_response, list_input_items, retrieve_response
 from proxy.runtime import Runtime, build_store_for, build_upstream
 from proxy.store.backends import backend_name
