@@ -322,6 +322,19 @@
   const sentParts = (t) => SENT.map((f) => [f, t.split.sent[f]]);
   const fwdParts = (t) => FORWARDED.map((f) => [f, t.split.forwarded[f]]);
 
+  // A compaction the request asked for (answered with one item) or carried (expanded).
+  function compactionText(c) {
+    if (!c) return "–";
+    const parts = [];
+    if (c.asked) parts.push(`asked by ${c.asked}, answered by ${c.mode}`);
+    if (c.status) {
+      parts.push(`${c.status}: ${num(c.covered_items)} items into ${c.item_id}${c.fallback ? ` (fallback ${c.fallback})` : ""}`);
+    }
+    if (c.expanded) parts.push(`${c.expanded} item expanded into its summary, ${num(c.folded || 0)} folded`);
+    if (c.foreign_dropped) parts.push(`${c.foreign_dropped} foreign item(s) taken out`);
+    return parts.join("; ") || "–";
+  }
+
   function badges(q) {
     const out = [];
     if (q.status !== 200) out.push(h("span", { class: "badge bad", text: q.error ? `${q.status} error` : String(q.status) }));
@@ -330,6 +343,9 @@
       out.push(h("span", { class: "badge f-summarized-b", text: `summary ${q.summarized.status}` }));
     }
     if (q.fallback) out.push(h("span", { class: "badge warn", text: `fallback: ${q.fallback}` }));
+    const c = q.compaction;
+    if (c && c.status) out.push(h("span", { class: "badge f-summarized-b", text: `compaction ${c.status}` }));
+    else if (c && c.expanded) out.push(h("span", { class: "badge f-summarized-b", text: "compaction expanded" }));
     if (q.recalled && q.recalled.turns) out.push(h("span", { class: "badge f-recalled-b", text: `${q.recalled.turns} recalled` }));
     if (q.recalled && q.recalled.status === "error") out.push(h("span", { class: "badge warn", text: "recall error" }));
     if (q.masked && q.masked.length) out.push(h("span", { class: "badge f-masked-b", text: `${q.masked.length} masked` }));
@@ -518,6 +534,7 @@
       ["Mode", q.mode || "–"],
       ["Summary", sm ? `${sm.status}${typeof sm.wait_ms === "number" ? `, waited ${ms(sm.wait_ms)}` : ""}` : "–"],
       ["Fallback", q.fallback || "–"],
+      ["Compaction", compactionText(q.compaction)],
       ["Dropped", q.dropped.messages ? `${q.dropped.messages} messages, ${q.dropped.turns} turns (${q.dropped.reason || "–"})` : "nothing"],
       ["Latency", `${ms(q.latency_ms.total)} total, ${ms(q.latency_ms.upstream)} upstream`],
       ["Messages", `${num(q.messages.before)} → ${num(q.messages.after)}`],
