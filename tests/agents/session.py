@@ -177,7 +177,13 @@ def record(path: Path = RECORDED) -> None:
     fake = CodingTask(commands=[command(f) for f in FACTS], answers_compaction=True)
     upstream = AiohttpServer(loop, fake.app())
     with tempfile.TemporaryDirectory() as tmp:
-        routes = [{"match": {"path": "/v1/responses"}, "upstream": "default"}]
+        # Relayed, so the fake upstream records Codex's compaction requests as sent.
+        route = {
+            "match": {"path": "/v1/responses"},
+            "upstream": "default",
+            "compaction": "upstream",
+        }
+        routes = [route]
         proxy = ProxyServer(loop, make_config(upstream.url, Path(tmp), routes=routes))
         try:
             run = run_codex(Path(tmp), proxy.url, PROMPT, auto_compact_tokens=AUTO_COMPACT)
