@@ -174,7 +174,7 @@ def record(path: Path = RECORDED) -> None:
     from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config
 
     loop = LoopThread()
-    fake = CodingTask(commands=[command(f) for f in FACTS], answers_compaction=True)
+    fake = CodingTask(commands=[command(f) for f in FACTS], compaction=True)
     upstream = AiohttpServer(loop, fake.app())
     with tempfile.TemporaryDirectory() as tmp:
         # Relayed, so the fake upstream records Codex's compaction requests as sent.

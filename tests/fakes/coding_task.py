@@ -59,11 +59,11 @@ class CodingTask(FakeResponses):
     # The first request's tool names, as the agent declared them.
     tools_seen: list[str] = field(default_factory=list)
     step: int = 0
-    # Answer a compaction request (last input item ``compaction_trigger``) as
-    # OpenAI's server does, with one opaque ``compaction`` item: for recording what
-    # the agent sends when compaction is relayed. Otherwise such a request is
-    # refused, as an upstream that has never heard of it would.
-    answers_compaction: bool = False
+    # With ``compaction`` set (FakeResponses' switch: it reads compaction items, as
+    # OpenAI's API does), a compaction request (last input item
+    # ``compaction_trigger``) is answered as OpenAI's server answers it, with one
+    # opaque ``compaction`` item: for recording what the agent sends when
+    # compaction is relayed. Without it such a request is refused.
     compactions: int = 0
 
     def app(self) -> web.Application:
@@ -82,13 +82,6 @@ class CodingTask(FakeResponses):
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        if is_compaction(body) and not self.answers_compaction:
-            await self._record(request)
-            message = "Invalid value: 'compaction_trigger'."
-            return web.json_response(
-                {"error": {"message": message, "type": "invalid_request_error", "param": "input"}},
-                status=400,
-            )
         if not self.tools_seen:
             self.tools_seen = [str(t.get("name") or t.get("type")) for t in body.get("tools", [])]
         self.replies = [self._next(body)]
