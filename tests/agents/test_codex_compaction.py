@@ -177,3 +177,23 @@ def test_the_compaction_requests_codex_sent_get_one_compaction_item_each(
 
 def user_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def test_with_compaction_off_codex_is_told_so_and_nothing_reaches_the_upstream(
+    loop_thread: LoopThread, task: tuple[CodingTask, AiohttpServer], tmp_path: Path
+) -> None:
+    fake, server = task
+    route = {"match": {"path": "/v1/responses"}, "upstream": "default", "compaction": "off"}
+    proxy = ProxyServer(loop_thread, make_config(server.url, tmp_path, routes=[route]))
+    try:
+        run = run_codex(tmp_path, proxy.url, PROMPT, auto_compact_tokens=AUTO_COMPACT)
+        proxy.drain()
+    finally:
+        proxy.stop()
+    # Codex stops at its first compaction, with the proxy's error, not an upstream's.
+    assert run.returncode != 0
+    assert "compaction_not_supported" in run.stderr, run.stderr[-2000:]
+    assert not [i for t in fake.turns for i in t["input"] if i.get("type") in FOREIGN]
+    rows = query(tmp_path / "ctxproxy.db", "SELECT status, error FROM requests")
+    refused = [r for r in rows if r["status"] == 400]
+    assert refused and all("compaction_not_supported" in (r["error"] or "") for r in refused)
