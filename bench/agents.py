@@ -132,9 +132,21 @@ class Upstream:
 class Outcome:
     sessions: int = 0
     compactions: int = 0
-    asked: int = 0
-    turn_reached: int = 0
-    answer_reached: int = 0
+    # Per fact asked about after a compaction folded its turn away:
+    # (session, question, its turn reached the upstream, its line reached at all).
+    facts: list[tuple[str, str, bool, bool]] = field(default_factory=list)
+
+    @property
+    def asked(self) -> int:
+        return len(self.facts)
+
+    @property
+    def turn_reached(self) -> int:
+        return sum(f[2] for f in self.facts)
+
+    @property
+    def answer_reached(self) -> int:
+        return sum(f[3] for f in self.facts)
 
 
 def exchanges(items: list[Item]) -> Iterator[tuple[int, int]]:
@@ -217,10 +229,8 @@ def replay(session: Session, proxy_url: str, upstream: Upstream, every: int | No
             question = text_item("user", fact.question)
             client.post("/v1/responses", json={**base, "input": [*history, question]})
             sent = upstream.received[-1]
-            outcome.asked += 1
             turn, anywhere = reached(fact.line, sent)
-            outcome.turn_reached += turn
-            outcome.answer_reached += anywhere
+            outcome.facts.append((session.name, fact.question, turn, anywhere))
     return outcome
 
 
@@ -260,9 +270,7 @@ def run_row(
                     o = replay(session, proxy.url, fake, every)
                     total.sessions += 1
                     total.compactions += o.compactions
-                    total.asked += o.asked
-                    total.turn_reached += o.turn_reached
-                    total.answer_reached += o.answer_reached
+                    total.facts += o.facts
             finally:
                 proxy.stop()
     finally:
@@ -275,7 +283,11 @@ def share(part: int, whole: int) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else "    -"
 
 
-def table(name: str, sessions: list[Session], every: int, recall: int) -> bool:
+def yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def table(name: str, sessions: list[Session], every: int, recall: int, each_fact: bool) -> bool:
     rows = [
         ("no compaction", None, None),
         (f"compaction every {every}, summary alone", every, None),
@@ -289,8 +301,10 @@ def table(name: str, sessions: list[Session], every: int, recall: int) -> bool:
     print(header)
     print("-" * len(header))
     met = True
+    outcomes = []
     for label, n, r in rows:
         o, fake = run_row(sessions, n, r)
+        outcomes.append(o)
         print(
             f"{label:44} {o.compactions:11} {fake.tokens:11,} {share(fake.cached, fake.tokens):>7} "
             f"{o.asked:6} {share(o.turn_reached, o.asked):>12} "
@@ -299,6 +313,15 @@ def table(name: str, sessions: list[Session], every: int, recall: int) -> bool:
         if r is not None:
             met = o.asked > 0 and o.turn_reached >= 0.9 * o.asked
     print(f"target: turn reached >= 90% with recall: {'met' if met else 'NOT met'}")
+    if each_fact:
+        alone, recalled = outcomes[1].facts, outcomes[2].facts
+        print(f"\n{'fact asked after its compaction':52} {'summary alone':>22} {'+ recall':>22}")
+        print(f"{'':52} {'turn':>11} {'answer':>10} {'turn':>11} {'answer':>10}")
+        for a, b in zip(alone, recalled, strict=True):
+            print(
+                f"{a[0] + ': ' + a[1]:52.52} {yes(a[2]):>11} {yes(a[3]):>10} "
+                f"{yes(b[2]):>11} {yes(b[3]):>10}"
+            )
     return met
 
 
@@ -308,12 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recall", type=int, default=2000, help="the recall block's budget")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--limit", type=int, default=100, help="tau conversations to replay")
+    parser.add_argument("--facts", action="store_true", help="list tau's facts one by one too")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     ok = True
     tau = args.data / "tau-airline-dev.json"
     if tau.exists():
-        ok &= table("tau-airline-dev", tau_sessions(tau, args.limit), args.every, args.recall)
+        sessions = tau_sessions(tau, args.limit)
+        ok &= table("tau-airline-dev", sessions, args.every, args.recall, args.facts)
     else:
         print(f"tau skipped: {tau} is not there (--data names the folder)")
     ok &= table(
@@ -321,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         [codex_session(ROOT / "tests/data/codex-session.json")],
         args.every,
         args.recall,
+        True,
     )
     print(f"\n{time.perf_counter() - started:.1f} s")
     return 0 if ok else 1
