@@ -25,26 +25,28 @@ reached it counts as ``foreign``).
 
 After the last turn, every fact whose turn a compaction folded away is asked
 about (a user question after the history, one request each). A fact counts
-as *turn reached* when its whole tool output reached the upstream verbatim,
-outside the summary (kept, or quoted in the recall block), and as *answer
-reached* when its value reached the upstream anywhere (the summary included).
-Rows: no compaction (the whole history every turn); compaction with the
-summary alone (no recall); compaction with recall (``recall: {max_tokens:
-N}`` on a trim policy that keeps everything the client sends). Target: turn
-reached >= 90% with recall.
+as *turn reached* when the words that state it reached the upstream in an
+item other than the summary (its turn kept, or quoted in the recall block),
+and as *answer reached* when they reached the upstream anywhere (the summary
+included): what the summary alone keeps. Rows: no compaction (the whole
+history every turn); compaction with the summary alone (no recall);
+compaction with recall (``recall: {max_tokens: N}`` on a trim policy that
+keeps everything the client sends). Target: turn reached >= 90% with recall.
 
 Also per row: tokens forwarded (the upstream's input, tiktoken's count as the
 proxy counts items, tool definitions included) and the cached share an
 OpenAI-style prefix cache (tests/fakes/prefix_cache.py, per prompt_cache_key)
 would serve.
 
-    python bench/agents.py [--every 1500] [--data ../shared/data] [--limit 100]
+    python bench/agents.py [--every 1500] [--recall 2000] [--data ../shared/data]
+        [--limit 100] [--facts]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import sys
 import tempfile
@@ -85,7 +87,7 @@ class Upstream:
     tokens: int = 0
     cached: int = 0
     foreign: int = 0
-    ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 10**9)))
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -227,7 +229,8 @@ def replay(session: Session, proxy_url: str, upstream: Upstream, every: int | No
             if fact.item not in folded:
                 continue
             question = text_item("user", fact.question)
-            client.post("/v1/responses", json={**base, "input": [*history, question]})
+            asked = client.post("/v1/responses", json={**base, "input": [*history, question]})
+            asked.raise_for_status()
             sent = upstream.received[-1]
             turn, anywhere = reached(fact.line, sent)
             outcome.facts.append((session.name, fact.question, turn, anywhere))
