@@ -185,9 +185,13 @@ def _plain(item: Item) -> str:
 
 
 def reached(line: str, body: Item) -> tuple[bool, bool]:
-    """(the fact's turn reached the upstream outside the summary, its line reached at all)."""
+    """(the fact's turn reached the upstream outside the summary, its line reached at all).
+
+    The summary is the message that starts with its header (a recall block may
+    quote an earlier one, and still counts as the turn).
+    """
     texts = [_plain(i) for i in body.get("input") or []]
-    turn = any(line in t for t in texts if SUMMARY_HEADER not in t)
+    turn = any(line in t for t in texts if not t.startswith(SUMMARY_HEADER))
     return turn, any(line in t for t in texts)
 
 
