@@ -39,8 +39,17 @@ def compaction_spec(summarizer: SummarizerSpec) -> SummarizeSpec:
 
 
 def retained(items: Sequence[Message]) -> list[Message]:
-    """The user messages of ``items``, in order: what a compaction leaves to the client."""
-    return [item for item in items if kind_of(item) == "message" and role_of(item) == "user"]
+    """The user messages of ``items``, in order, as output items: what a compaction
+    leaves to the client (an easy input message gets its type and its text part)."""
+    out: list[Message] = []
+    for item in items:
+        if kind_of(item) != "message" or role_of(item) != "user":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            content = [{"type": "input_text", "text": content}]
+        out.append({**item, "type": "message", "content": content})
+    return out
 
 
 def newest_turn(items: Sequence[Message]) -> int:

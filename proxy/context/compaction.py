@@ -32,7 +32,7 @@ from proxy.context.compaction_item import CompactionPayload, make_item
 from proxy.context.offline_summaries import extractive
 from proxy.context.summaries import SummaryContext, SummaryService, viewed
 from proxy.context.summarizer import Summarizer, SummaryFailed, SummaryRequest
-from proxy.store.base import SessionRef, chain_path_hashes
+from proxy.store.base import SessionRef, Store, chain_path_hashes
 
 NEXT_TURN_HASH = "ctxproxy:next-turn"
 NOTHING = "Nothing was said before this point."
@@ -236,3 +236,19 @@ def _answer(
         covered=covered,
         incremental=incremental,
     )
+
+
+async def folded_turns(
+    store: Store, ref: SessionRef, payload: CompactionPayload
+) -> list[dict[str, Any]]:
+    """The stored items a compaction item stands for, oldest first ([] when the session's
+    stored chain does not hold them: another branch, or the session expired)."""
+    if payload.covers is None or not payload.items:
+        return []
+    chain = await store.history(ref, shared=True)
+    if len(chain) < payload.items:
+        return []
+    paths = chain_path_hashes([item.content_hash for item in chain[: payload.items]])
+    if paths[-1] != payload.covers:
+        return []
+    return [dict(item.message) for item in chain[: payload.items]]

@@ -18,8 +18,8 @@ it is the summary of the earlier conversation (every model reads that), and
 the items before it that it covers (a client that kept them) are folded away
 but for system and developer messages. An item the proxy did not make (one of
 OpenAI's) is left untouched where the upstream may read it, and taken out
-where the proxy answers compaction itself. A ``compaction_trigger`` that is not
-the last input item asks nothing and is taken out too.
+where the proxy answers compaction itself; so is a ``compaction_trigger`` that
+is not the last input item (it asks nothing there).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def expand(
     """``items`` with the proxy's compaction items expanded (see the module docstring).
 
     ``hash_of``: an item's content hash (the store's), for the covered path.
-    ``keep_foreign``: leave other compaction items in (the upstream reads them).
+    ``keep_foreign``: leave other compaction items and triggers in (the upstream reads them).
     """
     kinds = [kind_of(item) for item in items]
     if "compaction" not in kinds and TRIGGER not in kinds:
@@ -191,7 +191,7 @@ def expand(
     previous: SummaryState | None = None
     payloads: list[CompactionPayload] = []
     for i, (item, kind) in enumerate(zip(items, kinds, strict=True)):
-        if kind == TRIGGER:
+        if kind == TRIGGER and not keep_foreign:
             stray += 1
             continue
         if kind == "compaction" and is_own(item):

@@ -34,11 +34,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from policies.compaction import newest_turn, pinned
-from proxy.context.compaction import Compaction, CompactionInput, compact
-from proxy.context.compaction_item import Expanded, expand
+from policies.recall import reserve
+from policies.types import Decision
+from proxy.context.compaction import Compaction, CompactionInput, compact, folded_turns
+from proxy.context.compaction_item import TRIGGER, Expanded, expand
+from proxy.context.model_info import context_window
 from proxy.context.summaries import build_summarizer
 from proxy.http.body import parse_object, read_body
 from proxy.responses.compaction_wire import (
+    DEFAULT_SHARE,
     Asked,
     CompactionFirst,
     Mode,
@@ -78,8 +82,11 @@ class CompactingExchange(ResponsesExchange):
         self.compaction_mode: Mode | None = None
         self.expanded: Expanded | None = None
         self.compaction: Compaction | None = None
-        # Input tokens measured against a compact_threshold.
+        # The compact_threshold in force, and the input tokens measured against it.
+        self.threshold: int | None = None
         self.measured: int | None = None
+        # The stored items the input's newest compaction item stands for (see _input).
+        self.folded: list[dict[str, Any]] = []
 
     async def _run(self) -> Response:
         self.raw = await read_body(
@@ -102,16 +109,27 @@ class CompactingExchange(ResponsesExchange):
             raise not_supported("input" if self.asked.trigger else "context_management")
         items = input_items(body)
         proxied = self.compaction_mode == "proxy"
-        if proxied and self.asked.trigger:
+        if proxied and self.asked.trigger and items and items[-1].get("type") == TRIGGER:
             items = items[:-1]
-        if proxied and self.asked.threshold is not None:
+        if proxied and self.asked.managed:
             self.unforwarded = self.unforwarded | {"context_management"}
             self.rewritten = True
         self.expanded = expand(items, item_hash, keep_foreign=not proxied)
         self.rewritten = self.rewritten or self.expanded.changed
         items = self.expanded.items
-        if proxied and self.asked.threshold is not None and not self.asked.trigger:
-            items = await self._past_threshold(body, items, self.asked.threshold)
+        if proxied and self.asked.managed and not self.asked.trigger:
+            threshold = self.asked.threshold
+            if threshold is None:
+                window = context_window(self.model or "")
+                threshold = int(DEFAULT_SHARE * window) if window else None
+            self.threshold = threshold
+            if threshold is not None:
+                items = await self._past_threshold(body, items, threshold)
+        if self.expanded.payloads and self.ref is not None and self.compaction is None:
+            # The turns the newest item folded away, back from the store: never
+            # forwarded (see _decided), but there for recall to reach.
+            self.folded = await folded_turns(self.rt.store, self.ref, self.expanded.payloads[-1])
+            items = [*self.folded, *items]
         return items
 
     async def _past_threshold(
@@ -133,8 +151,9 @@ class CompactingExchange(ResponsesExchange):
         assert route is not None and self.model is not None
         counter = ItemCounter(self.model)
         previous = self.expanded.previous if self.expanded is not None else None
-        if previous is not None and offset:
-            previous = dataclasses.replace(previous, covers=previous.covers + offset)
+        shift = offset + len(self.folded)
+        if previous is not None and shift:
+            previous = dataclasses.replace(previous, covers=previous.covers + shift)
         spec = route.compaction_summarizer
         model = self.model
 
@@ -197,6 +216,40 @@ class CompactingExchange(ResponsesExchange):
         stream.headers.update(headers)
         return stream
 
+    def _decided(self, decision: Decision) -> Decision:
+        """The folded turns taken out of what is forwarded, as dropped by the compaction."""
+        if not self.folded:
+            return decision
+        lo, hi = self.chain_len, self.chain_len + len(self.folded)
+        counter = ItemCounter(self.model or "")
+        pairs = [(i, m) for i, m in zip(decision.kept, decision.messages, strict=False)]
+        if len(decision.kept) != len(decision.messages):
+            return decision  # a policy that adds messages: forwarded as it decided
+        kept = [(i, m) for i, m in pairs if not lo <= i < hi]
+        out = [i for i, _ in pairs if lo <= i < hi]
+        tokens = sum(counter.count(self.conversation[i], self.item_hashes[i]) for i in out)
+        after = max(0, decision.tokens_after - tokens)
+        extra = {**decision.extra, "compaction_folded": len(out)}
+        spec = getattr(self.rt.config.policies.get(self.policy_name), "recall", None)
+        limit = decision.budget
+        if spec is not None and limit is not None and "recall_budget" not in extra:
+            # It fit the budget whole, folded turns included: recall gets what is left of
+            # it, at most its reserve, as when a policy drops turns itself.
+            room = min(reserve(spec, limit), limit - after)
+            if room > 0:
+                extra["recall_budget"] = room
+        return decision.but(
+            messages=[m for _, m in kept],
+            kept=tuple(i for i, _ in kept),
+            dropped=tuple(sorted({*decision.dropped, *out})),
+            tokens_after=after,
+            extra=extra,
+        )
+
+    @property
+    def policy_name(self) -> str:
+        return self.route.policy if self.route is not None else ""
+
     def _answered(self, content: bytes) -> bytes:
         content = super()._answered(content)
         if self.compaction is not None:
@@ -226,14 +279,16 @@ class CompactingExchange(ResponsesExchange):
         if self.asked.any:
             shown["asked"] = "trigger" if self.asked.trigger else "threshold"
             shown["mode"] = self.compaction_mode
-        if self.asked.threshold is not None:
-            shown["threshold"] = self.asked.threshold
+        if self.asked.managed:
+            shown["threshold"] = self.threshold
             if self.measured is not None:
                 shown["input_tokens"] = self.measured
         if self.compaction is not None:
             shown.update(self.compaction.detail())
         if self.expanded is not None:
             shown.update(self.expanded.detail())
+        if self.folded:
+            shown["restored"] = len(self.folded)
         if shown:
             detail["compaction"] = shown
         return detail

@@ -32,6 +32,8 @@ from proxy.context.compaction_item import TRIGGER
 from proxy.errors import InvalidRequest
 
 Mode = Literal["proxy", "upstream", "off"]
+# A compaction entry without a compact_threshold: this share of the model's context window.
+DEFAULT_SHARE = 0.8
 OPENAI_HOST = "api.openai.com"
 
 
@@ -54,12 +56,14 @@ def not_supported(param: str) -> InvalidRequest:
 @dataclass(frozen=True)
 class Asked:
     trigger: bool = False
-    # context_management's compact_threshold (tokens of the input), if any.
+    # A context_management compaction entry, and its compact_threshold (tokens of
+    # the input; None: the default, DEFAULT_SHARE of the model's context window).
+    managed: bool = False
     threshold: int | None = None
 
     @property
     def any(self) -> bool:
-        return self.trigger or self.threshold is not None
+        return self.trigger or self.managed
 
 
 def asked(body: Mapping[str, Any]) -> Asked:
@@ -73,6 +77,7 @@ def asked(body: Mapping[str, Any]) -> Asked:
     )
     threshold: int | None = None
     management = body.get("context_management")
+    managed = bool(management)
     if management is not None:
         if not isinstance(management, list):
             raise InvalidRequest(
@@ -93,7 +98,7 @@ def asked(body: Mapping[str, Any]) -> Asked:
                     param=f"{where}.compact_threshold",
                 )
             threshold = value if threshold is None else min(threshold, value)
-    return Asked(trigger, threshold)
+    return Asked(trigger, managed, threshold)
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:

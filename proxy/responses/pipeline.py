@@ -95,6 +95,8 @@ def previous_not_found(response_id: str) -> InvalidRequest:
 
 class ResponsesExchange(ChatExchange):
     endpoint = "/v1/responses"
+    # The path a route is matched on (another endpoint may be served by this one's route).
+    route_path = "/v1/responses"
 
     def __init__(self, rt: Runtime, request: Request) -> None:
         super().__init__(rt, request)
@@ -137,7 +139,7 @@ class ResponsesExchange(ChatExchange):
             raise InvalidRequest("'model' is required and must be a string.", param="model")
         self.model = model
         self.stream = body.get("stream") is True
-        self.route = rt.router.match(self.endpoint, model, self.request.headers)
+        self.route = rt.router.match(self.route_path, model, self.request.headers)
         found = find_session(rt.config.session, self.request.headers, body)
         self.key, self.session_source = found.key, found.source
         chain = await self._previous_chain(body.get("previous_response_id"))
@@ -158,6 +160,7 @@ class ResponsesExchange(ChatExchange):
         self.decision = decide(
             spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
         )
+        self.decision = self._decided(self.decision)
         self.policy_s = time.perf_counter() - started
         self.stable_prefix = measure_stable_prefix(
             rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock
@@ -184,6 +187,10 @@ class ResponsesExchange(ChatExchange):
     async def _input(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The request's input items, as the policy takes them (route and session known)."""
         return input_items(body)
+
+    def _decided(self, decision: Decision) -> Decision:
+        """The policy's decision as forwarded (before recall)."""
+        return decision
 
     async def _previous_chain(self, value: object) -> list[StoredItem]:
         if value is None:

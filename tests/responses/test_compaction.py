@@ -18,11 +18,20 @@ import pytest
 from openai import OpenAI
 
 from tests.fakes.responses import FakeResponses
-from tests.fakes.upstream import FakeUpstream
-from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config, query
+from tests.fakes.upstream import FakeUpstream, Reply
+from tests.harness import (
+    AiohttpServer,
+    LoopThread,
+    ProxyServer,
+    make_config,
+    query,
+    wait_until,
+)
 
 TRIGGER = {"type": "compaction_trigger"}
 SESSION = {"X-Session-Id": "codex-1"}
+# What the SDK sends besides: the client's key (a request without one stores nothing).
+HEADERS = {**SESSION, "Authorization": "Bearer sk-test"}
 
 
 def user(text: str) -> dict[str, Any]:
@@ -71,7 +80,8 @@ def proxy_config(
     }
     if compaction is not None:
         route["compaction"] = compaction
-    policies = {"recalling": {"strategy": "trim", "max_turns": 2, "recall": {"max_tokens": 800}}}
+    recall = {"max_tokens": 150, "neighbors": 1}
+    policies = {"recalling": {"strategy": "trim", "max_tokens": 200, "recall": recall}}
     return make_config(
         responses.url,
         tmp_path,
@@ -146,7 +156,7 @@ def test_a_streamed_trigger_is_a_well_formed_event_sequence(
             "POST",
             "/v1/responses",
             json={"model": "qwen3-coder", "input": [*history(), TRIGGER], "stream": True},
-            headers=SESSION,
+            headers=HEADERS,
         ) as response,
     ):
         assert response.status_code == 200
@@ -234,3 +244,194 @@ def test_a_damaged_item_is_a_400_naming_it(proxy: ProxyServer):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "invalid_compaction_item" and error["param"] == "input[0]"
+
+
+@pytest.fixture
+def start(
+    loop_thread: LoopThread,
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    fake: tuple[FakeUpstream, AiohttpServer],
+    tmp_path: Path,
+) -> Iterator[Any]:
+    """Start another proxy (a route's compaction and policy; its own store folder)."""
+    started: list[ProxyServer] = []
+
+    def run(folder: str = "other", **route: Any) -> ProxyServer:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        config = proxy_config(responses_upstream[1], fake[1], tmp_path / folder, **route)
+        started.append(ProxyServer(loop_thread, config))
+        return started[-1]
+
+    yield run
+    for server in started:
+        server.stop()
+
+
+def test_compact_endpoint_answers_the_user_messages_and_one_compaction_item(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer], tmp_path: Path
+):
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        response = http.post(
+            "/v1/responses/compact",
+            json={"model": "qwen3-coder", "input": history(), "instructions": "Be brief."},
+            headers=HEADERS,
+        )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "response.compaction" and body["id"].startswith("resp_")
+    output = body["output"]
+    assert output[:-1] == [i for i in history() if i.get("role") == "user"]
+    assert output[-1]["type"] == "compaction"
+    assert body["usage"]["input_tokens"] > 0
+    assert response.headers["x-context-compaction"] == "created"
+    assert responses_upstream[0].received == []
+    sql = "SELECT endpoint, detail_json FROM requests"
+    wait_until(lambda: bool(query(tmp_path / "ctxproxy.db", sql)))
+    rows = query(tmp_path / "ctxproxy.db", sql)
+    assert rows[-1]["endpoint"] == "/v1/responses/compact"
+    assert json.loads(rows[-1]["detail_json"])["compaction"]["asked"] == "compact"
+
+
+def test_compact_endpoint_continues_a_stored_response(proxy: ProxyServer):
+    sdk = client(proxy)
+    first = sdk.responses.create(model="qwen3-coder", input="The build id is 5521.")
+    compacted = sdk.responses.compact(model="qwen3-coder", previous_response_id=first.id)
+    assert compacted.object == "response.compaction"
+    assert [o.type for o in compacted.output] == ["message", "compaction"]
+    assert compacted.output[0].content[0].text == "The build id is 5521."
+
+
+def test_past_the_threshold_the_answer_carries_the_compaction_item_first(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    answer = client(proxy).responses.create(
+        model="qwen3-coder",
+        input=[*history(), user("And the tests?")],
+        context_management=[{"type": "compaction", "compact_threshold": 50}],
+    )
+    assert [o.type for o in answer.output] == ["compaction", "message"]
+    (received,) = responses_upstream[0].received
+    sent = received.json["input"]
+    assert "context_management" not in received.json
+    assert sent[0]["role"] == "developer"
+    assert "Summary of the earlier conversation" in json.dumps(sent[1])
+    assert sent[2:] == [user("And the tests?")]
+
+
+def test_under_the_threshold_nothing_is_compacted(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    answer = client(proxy).responses.create(
+        model="qwen3-coder",
+        input=[*history(), user("And the tests?")],
+        context_management=[{"type": "compaction", "compact_threshold": 100000}],
+    )
+    assert [o.type for o in answer.output] == ["message"]
+    (received,) = responses_upstream[0].received
+    assert received.json["input"] == [*history(), user("And the tests?")]
+    assert "context_management" not in received.json
+
+
+def test_a_streamed_answer_past_the_threshold_leads_with_the_item_in_sequence(
+    proxy: ProxyServer,
+):
+    with client(proxy).responses.stream(
+        model="qwen3-coder",
+        input=[*history(), user("And the tests?")],
+        context_management=[{"type": "compaction", "compact_threshold": 50}],
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    done = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.done"]
+    assert done == [(0, "compaction"), (1, "message")]
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    assert [o.type for o in final.output] == ["compaction", "message"]
+
+
+def test_a_failing_summarizer_still_answers_with_the_offline_summary(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer]
+):
+    fake[0].summary_replies.append(Reply(status=500, body=b'{"error": {"message": "down"}}'))
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        response = http.post(
+            "/v1/responses",
+            json={"model": "qwen3-coder", "input": [*history(), TRIGGER]},
+            headers=HEADERS,
+        )
+    assert response.status_code == 200
+    assert response.headers["x-context-compaction"] == "fallback"
+    assert response.headers["x-context-compaction-fallback"].startswith("summarizer_")
+    (item,) = response.json()["output"]
+    assert item["type"] == "compaction"
+    # The extractive summary quotes the conversation: the next request carries it.
+    follow = client(proxy).responses.create(model="m", input=[item, user("go on")])
+    assert follow.status == "completed"
+
+
+def test_an_item_expands_on_a_fresh_proxy_with_an_empty_store(
+    proxy: ProxyServer, start: Any, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    item = client(proxy).responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    other = start("fresh")
+    follow = client(other, {"X-Session-Id": "elsewhere"}).responses.create(
+        model="m", input=[item.model_dump(exclude_none=True), user("continue")]
+    )
+    assert follow.status == "completed"
+    (received,) = responses_upstream[0].received
+    sent = received.json["input"]
+    assert len(sent) == 2 and "fake summary" in json.dumps(sent[0])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": [user("hi"), TRIGGER]},
+        {"input": [user("hi")], "context_management": [{"type": "compaction"}]},
+    ],
+    ids=["trigger", "context_management"],
+)
+def test_compaction_off_is_a_400_compaction_not_supported(
+    start: Any, body: dict[str, Any], responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    off = start(compaction="off")
+    with httpx.Client(base_url=off.url, timeout=10) as http:
+        response = http.post("/v1/responses", json={"model": "m", **body})
+        compact = http.post("/v1/responses/compact", json={"model": "m", "input": "hi"})
+    for answered in (response, compact):
+        assert answered.status_code == 400
+        assert answered.json()["error"]["code"] == "compaction_not_supported"
+        assert answered.json()["error"]["type"] == "invalid_request_error"
+    assert responses_upstream[0].received == []
+
+
+def test_compaction_upstream_relays_the_trigger_as_it_came(
+    start: Any, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    responses_upstream[0].compaction = True
+    relayed = start(compaction="upstream")
+    client(relayed).responses.create(model="m", input=[user("hi"), TRIGGER])
+    (received,) = responses_upstream[0].received
+    assert received.json["input"][-1] == TRIGGER
+
+
+def test_recall_reaches_a_turn_the_compaction_folded_away(
+    start: Any, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    recalling = start(policy="recalling")
+    sdk = client(recalling)
+    item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    question = user("Which grep output showed the PORT in config.py?")
+    answer = sdk.responses.with_raw_response.create(
+        model="m", input=[*retained, item.model_dump(exclude_none=True), question]
+    )
+    assert int(answer.headers["x-context-recalled"]) >= 1
+    (received,) = responses_upstream[0].received
+    sent = json.dumps(received.json["input"])
+    # A verbatim turn the client no longer holds, recalled from the proxy's stored history;
+    # the summary itself does not carry the value.
+    assert "[ctxproxy recall]" in sent and "The server listens on port 8731." in sent
+    summary = [i for i in received.json["input"] if "Summary of the earlier" in json.dumps(i)]
+    assert "8731" not in json.dumps(summary)
+    assert "compaction" not in [i.get("type") for i in received.json["input"]]
