@@ -197,3 +197,58 @@ def test_with_compaction_off_codex_is_told_so_and_nothing_reaches_the_upstream(
     rows = query(tmp_path / "ctxproxy.db", "SELECT status, error FROM requests")
     refused = [r for r in rows if r["status"] == 400]
     assert refused and all("compaction_not_supported" in (r["error"] or "") for r in refused)
+
+
+def test_the_standalone_compact_endpoint_with_codexs_recorded_history(
+    task: tuple[CodingTask, AiohttpServer], proxy: ProxyServer
+) -> None:
+    fake, _ = task
+    body = compaction_requests()[0]
+    history = body["input"][:-1]
+    headers = {"session-id": "recorded-2", "Authorization": "Bearer sk-codex-test"}
+    compact = {k: body[k] for k in ("model", "tools", "parallel_tool_calls", "reasoning")}
+    answer = httpx.post(
+        f"{proxy.url}/v1/responses/compact",
+        json={**compact, "input": history},
+        headers=headers,
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["object"] == "response.compaction"
+    assert [i["type"] for i in data["output"]][-1] == "compaction"
+    assert sum(i["type"] == "compaction" for i in data["output"]) == 1
+    assert fake.received == []
+
+    # Codex's next turn over the compacted window: the upstream reads the summary.
+    follow = {**body, "input": [*data["output"], user_message("Which port did db.env set?")]}
+    follow["stream"] = False
+    turn = httpx.post(f"{proxy.url}/v1/responses", json=follow, headers=headers, timeout=30)
+    assert turn.status_code == 200, turn.text
+    assert turn.headers["x-context-compaction"] == "expanded"
+    (sent,) = fake.turns
+    assert not [i for i in sent["input"] if i.get("type") in FOREIGN]
+    assert sum(SUMMARY_HEADER in t for t in texts(sent)) == 1
+
+
+def test_with_compaction_upstream_codex_compacts_with_an_upstream_that_reads_it(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    # An upstream that answers compaction itself, as OpenAI's API does.
+    fake = CodingTask(commands=[command(f) for f in FACTS[:7]], compaction=True)
+    server = AiohttpServer(loop_thread, fake.app())
+    route = {"match": {"path": "/v1/responses"}, "upstream": "default", "compaction": "upstream"}
+    proxy = ProxyServer(loop_thread, make_config(server.url, tmp_path, routes=[route]))
+    try:
+        run = run_codex(tmp_path, proxy.url, PROMPT, auto_compact_tokens=AUTO_COMPACT)
+        proxy.drain()
+    finally:
+        proxy.stop()
+        server.stop()
+    assert run.returncode == 0, run.stderr[-3000:]
+    # The triggers and the upstream's own items went through as they came.
+    triggers = [t for t in fake.turns if t["input"][-1] == {"type": "compaction_trigger"}]
+    assert len(triggers) == fake.compactions == 2
+    assert not fake.chat.summarizer_requests
+    carried = [i for t in fake.turns for i in t["input"] if i.get("type") == "compaction"]
+    assert carried and all(i["encrypted_content"].startswith("opaque-") for i in carried)
