@@ -97,14 +97,15 @@ def command(fact: Fact) -> str:
     )
 
 
-_TMP = re.compile(r"/tmp/[^\s\"'<>]*?/work")
+# The temporary folder the recording ran in (Codex's home and work folder are under it).
+_TMP = re.compile(r"/tmp/[^\s\"'<>/`]+")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class Redactor:
     """Codex's requests made small and anonymous, their shapes untouched.
 
-    Temporary paths become ``/work`` and ids (uuids) numbered placeholders; the
+    The temporary folder becomes ``/tmp/codex`` and ids (uuids) numbered placeholders; the
     built-in instructions (developer messages) and tool descriptions are cut
     short. What the task itself said, the tool calls and their outputs, is kept
     whole.
@@ -124,7 +125,7 @@ class Redactor:
         if isinstance(value, list):
             return [self(v, limit, key) for v in value]
         if isinstance(value, str):
-            value = _UUID.sub(self._uuid, _TMP.sub("/work", value))
+            value = _UUID.sub(self._uuid, _TMP.sub("/tmp/codex", value))
             cut = 120 if key == "description" else limit
             if cut is not None and len(value) > cut:
                 return value[:cut] + f" [... {len(value) - cut} characters left out]"
