@@ -64,13 +64,14 @@ chromium:
 screenshots: $(DEV) chromium
 	CTXPROXY_SCREENSHOTS=1 $(BIN)/pytest -q tests/ops/test_viewer_browser.py
 
-bench: $(DEV) $(NODE_STAMP)
+bench: $(DEV)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/cache.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/recall.py
 	$(BIN)/python bench/history.py
+	$(BIN)/python bench/agents.py
 
 # The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
 # and kill -9 load; then one table of its figures (README "Reliability").

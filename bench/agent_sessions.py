@@ -55,23 +55,28 @@ def text_item(role: str, text: str) -> Item:
 
 
 def tau_items(messages: list[dict[str, Any]]) -> list[Item]:
-    """A chat conversation as the Responses items a Responses client would hold."""
+    """A chat conversation as the Responses items a Responses client would hold.
+
+    tau's logs reuse a call id for a later call; a Responses client never does,
+    so each call gets its own (``<id>-<n>``), and its output the call's.
+    """
     items: list[Item] = []
+    current: dict[str, str] = {}
     for m in messages:
         role, content = m["role"], m.get("content")
         if role == "tool":
-            items.append(
-                {"type": "function_call_output", "call_id": m["tool_call_id"], "output": content}
-            )
+            call_id = current.get(m["tool_call_id"], m["tool_call_id"])
+            items.append({"type": "function_call_output", "call_id": call_id, "output": content})
             continue
         if isinstance(content, str) and content:
             items.append(text_item("developer" if role == "system" else role, content))
         for call in m.get("tool_calls") or []:
             function = call["function"]
+            current[call["id"]] = f"{call['id']}-{len(items)}"
             items.append(
                 {
                     "type": "function_call",
-                    "call_id": call["id"],
+                    "call_id": current[call["id"]],
                     "name": function["name"],
                     "arguments": function["arguments"],
                 }
