@@ -51,6 +51,13 @@ def config_toml(proxy_url: str, *, auto_compact_tokens: int | None = None) -> st
         'wire_api = "responses"',
         'env_key = "CTXPROXY_API_KEY"',
         "",
+        # Nothing beyond 127.0.0.1: no plugin catalog sync (github.com, chatgpt.com),
+        # no connector apps, no update check, no analytics or OpenTelemetry export.
+        "[features]",
+        "plugins = false",
+        "remote_plugin = false",
+        "apps = false",
+        "",
         "[analytics]",
         "enabled = false",
         "",
