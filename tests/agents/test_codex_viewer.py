@@ -74,8 +74,15 @@ def test_the_viewer_shows_each_compaction_codex_asked_for(
         # A request after a compaction says it carried the item, expanded.
         later = [q for q in view["requests"] if (q["compaction"] or {}).get("expanded")]
         assert later
-        badges = p.text_content(f"#timeline a[data-id='{later[-1]['id']}'] .badges") or ""
+        last = later[-1]
+        badges = p.text_content(f"#timeline a[data-id='{last['id']}'] .badges") or ""
         assert "compaction expanded" in badges
+        p.click(f"#timeline a[data-id='{last['id']}']")
+        wait_for(p, f"document.getElementById('d-title').textContent.includes('{last['id']}')")
+        line = p.text_content("#detail dl.facts-dl div:has(dt:text-is('Compaction')) dd") or ""
+        assert "1 item expanded into its summary" in line
+        restored = last["compaction"]["restored"]
+        assert f"{restored} folded items back from the store for recall" in line
         assert tab.errors == []
     finally:
         tab.close()

@@ -331,6 +331,7 @@
       parts.push(`${c.status}: ${num(c.covered_items)} items into ${c.item_id}${c.fallback ? ` (fallback ${c.fallback})` : ""}`);
     }
     if (c.expanded) parts.push(`${c.expanded} item expanded into its summary, ${num(c.folded || 0)} folded`);
+    if (c.restored) parts.push(`${num(c.restored)} folded items back from the store for recall`);
     if (c.foreign_dropped) parts.push(`${c.foreign_dropped} foreign item(s) taken out`);
     return parts.join("; ") || "–";
   }
