@@ -17,6 +17,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from proxy.http.sessions import tenant_of
 from tests.fakes.responses import FakeResponses
 from tests.fakes.upstream import FakeUpstream, Reply
 from tests.harness import (
@@ -30,6 +31,7 @@ from tests.harness import (
 
 TRIGGER = {"type": "compaction_trigger"}
 SESSION = {"X-Session-Id": "codex-1"}
+ADMIN_KEY = "adm-compaction-0123"
 # What the SDK sends besides: the client's key (a request without one stores nothing).
 HEADERS = {**SESSION, "Authorization": "Bearer sk-test"}
 
@@ -88,12 +90,18 @@ def proxy_config(
         routes=[route],
         policies=policies,
         extra={
+            "admin": {"api_key": "os.environ/CTX_COMPACTION_ADMIN_KEY"},
             "upstreams": {
                 "default": {"base_url": f"{responses.url}/v1", "timeout_s": 5},
                 "summarizer": {"base_url": f"{summarizer.url}/v1", "timeout_s": 5},
-            }
+            },
         },
     )
+
+
+@pytest.fixture(autouse=True)
+def admin_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTX_COMPACTION_ADMIN_KEY", ADMIN_KEY)
 
 
 @pytest.fixture
@@ -435,3 +443,49 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     summary = [i for i in received.json["input"] if "Summary of the earlier" in json.dumps(i)]
     assert "8731" not in json.dumps(summary)
     assert "compaction" not in [i.get("type") for i in received.json["input"]]
+
+
+def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+):
+    sdk = client(proxy)
+    first = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    later = [
+        *retained,
+        first.model_dump(exclude_none=True),
+        user("Add a test for the settings module."),
+        assistant("Added tests/test_settings.py."),
+    ]
+    second = sdk.responses.create(model="m", input=[*later, TRIGGER])
+    assert [o.type for o in second.output] == ["compaction"]
+    calls = fake[0].summarizer_requests
+    assert len(calls) == 2
+    prompt = json.dumps(calls[1].json)
+    # Incremental: the first summary, then only what came after it.
+    assert "fake summary 1" in prompt and "test_settings" in prompt
+    assert "grep -r PORT" not in prompt
+    proxy.drain()
+    sql = "SELECT detail_json FROM requests ORDER BY id"
+    wait_until(lambda: len(query(tmp_path / "ctxproxy.db", sql)) == 2)
+    detail = json.loads(query(tmp_path / "ctxproxy.db", sql)[-1]["detail_json"])["compaction"]
+    assert detail["incremental"] is True and detail["expanded"] == 1
+    assert detail["restored"] == len(history())
+    # The stored session holds each compaction item as the answer it was.
+    stored = query(tmp_path / "ctxproxy.db", "SELECT role FROM items WHERE role = 'compaction'")
+    assert len(stored) == 2
+
+
+def test_the_viewer_shows_each_compaction(proxy: ProxyServer):
+    sdk = client(proxy)
+    item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    sdk.responses.create(model="m", input=[item.model_dump(exclude_none=True), user("next")])
+    proxy.drain()
+    path = f"/admin/sessions/{tenant_of('sk-test')}/codex-1"
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    view = httpx.get(f"{proxy.url}{path}", headers=auth).json()
+    compactions = [r["compaction"] for r in view["requests"]]
+    assert compactions[0]["status"] == "created" and compactions[0]["asked"] == "trigger"
+    assert compactions[1]["expanded"] == 1 and compactions[1]["restored"] == len(history())
+    page = httpx.get(f"{proxy.url}/admin/ui/viewer.js").text
+    assert "compactionText" in page
