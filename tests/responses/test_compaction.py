@@ -489,3 +489,28 @@ def test_the_viewer_shows_each_compaction(proxy: ProxyServer):
     assert compactions[1]["expanded"] == 1 and compactions[1]["restored"] == len(history())
     page = httpx.get(f"{proxy.url}/admin/ui/viewer.js").text
     assert "compactionText" in page
+
+
+def test_a_trigger_without_a_session_is_answered_and_nothing_summarized_is_stored(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+):
+    answer = client(proxy, {}).responses.create(model="m", input=[*history(), TRIGGER], store=False)
+    assert [o.type for o in answer.output] == ["compaction"]
+    assert len(fake[0].summarizer_requests) == 1
+    proxy.drain()
+    assert query(tmp_path / "ctxproxy.db", "SELECT id FROM summaries") == []
+
+
+def test_the_summarizers_breaker_opens_and_compaction_still_answers(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer]
+):
+    down = Reply(status=500, body=b'{"error": {"message": "down"}}')
+    fake[0].summary_replies.extend([down, down, down])
+    sdk = client(proxy).responses.with_raw_response
+    fallbacks = []
+    for _ in range(4):
+        raw = sdk.create(model="m", input=[*history(), TRIGGER])
+        assert [o.type for o in raw.parse().output] == ["compaction"]
+        fallbacks.append(raw.headers["x-context-compaction-fallback"])
+    assert fallbacks[-1] == "summarizer_unavailable"
+    assert len(fake[0].summarizer_requests) == 3  # the open circuit made no call

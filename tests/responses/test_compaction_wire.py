@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from proxy.config.model import RouteConfig, RouteMatch, UpstreamConfig
 from proxy.errors import InvalidRequest
-from proxy.responses.compaction_wire import CompactionFirst, asked, stream_events
+from proxy.responses.compaction_wire import CompactionFirst, asked, compaction_mode, stream_events
 
 ITEM = {"id": "cmp_1", "type": "compaction", "encrypted_content": "x"}
 
@@ -95,3 +96,22 @@ def test_what_a_body_asks():
     assert not early.any
     managed = asked({"context_management": [{"type": "compaction", "compact_threshold": 9}]})
     assert managed.managed and managed.threshold == 9
+
+
+@pytest.mark.parametrize(
+    ("base_url", "setting", "mode"),
+    [
+        ("https://api.openai.com/v1", "auto", "upstream"),
+        ("http://127.0.0.1:8000/v1", "auto", "proxy"),
+        (None, "auto", "proxy"),  # a litellm upstream
+        ("https://api.openai.com/v1", "proxy", "proxy"),
+        ("http://127.0.0.1:8000/v1", "upstream", "upstream"),
+        ("http://127.0.0.1:8000/v1", "off", "off"),
+    ],
+)
+def test_auto_passes_compaction_to_openai_and_answers_it_for_any_other_upstream(
+    base_url: str | None, setting: str, mode: str
+):
+    upstream = UpstreamConfig(name="u", base_url=base_url, litellm_model=None if base_url else "x")
+    route = RouteConfig(name="r", match=RouteMatch(), upstream="u", policy="p", compaction=setting)  # type: ignore[arg-type]
+    assert compaction_mode(route, upstream) == mode
