@@ -28,6 +28,7 @@ from tests.harness import (
     query,
     wait_until,
 )
+from tests.openapi import validate
 
 TRIGGER = {"type": "compaction_trigger"}
 SESSION = {"X-Session-Id": "codex-1"}
@@ -148,7 +149,8 @@ def test_a_trigger_is_answered_with_exactly_one_compaction_item_and_no_upstream_
     prompt = json.dumps(calls[0].json)
     assert "grep -r PORT" in prompt and "8731" in prompt and "settings" in prompt
     proxy.drain()
-    rows = query(tmp_path / "ctxproxy.db", "SELECT detail_json FROM requests")
+    rows = query(tmp_path / "ctxproxy.db", "SELECT upstream_status, detail_json FROM requests")
+    assert rows[-1]["upstream_status"] is None  # answered by the proxy
     detail = json.loads(rows[-1]["detail_json"])["compaction"]
     assert detail["asked"] == "trigger" and detail["mode"] == "proxy"
     assert detail["status"] == "created" and detail["item_id"] == item.id
@@ -288,7 +290,9 @@ def test_compact_endpoint_answers_the_user_messages_and_one_compaction_item(
     body = response.json()
     assert body["object"] == "response.compaction" and body["id"].startswith("resp_")
     output = body["output"]
-    assert output[:-1] == [i for i in history() if i.get("role") == "user"]
+    users = [i for i in history() if i.get("role") == "user"]
+    assert [{k: v for k, v in o.items() if k not in ("id", "status")} for o in output[:-1]] == users
+    assert all(o["id"].startswith("msg_") and o["status"] == "completed" for o in output[:-1])
     assert output[-1]["type"] == "compaction"
     assert body["usage"]["input_tokens"] > 0
     assert response.headers["x-context-compaction"] == "created"
@@ -514,3 +518,23 @@ def test_the_summarizers_breaker_opens_and_compaction_still_answers(
         fallbacks.append(raw.headers["x-context-compaction-fallback"])
     assert fallbacks[-1] == "summarizer_unavailable"
     assert len(fake[0].summarizer_requests) == 3  # the open circuit made no call
+
+
+def test_the_answers_match_openais_published_shapes(proxy: ProxyServer):
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        whole = http.post(
+            "/v1/responses", json={"model": "m", "input": [*history(), TRIGGER]}, headers=HEADERS
+        ).json()
+        streamed = http.post(
+            "/v1/responses",
+            json={"model": "m", "input": [*history(), TRIGGER], "stream": True},
+            headers=HEADERS,
+        ).text
+        compacted = http.post(
+            "/v1/responses/compact", json={"model": "m", "input": history()}, headers=HEADERS
+        ).json()
+    validate("Response", whole)
+    for line in streamed.splitlines():
+        if line.startswith("data: "):
+            validate("ResponseStreamEvent", json.loads(line[6:]))
+    validate("CompactResource", compacted)
