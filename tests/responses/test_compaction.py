@@ -538,3 +538,23 @@ def test_the_answers_match_openais_published_shapes(proxy: ProxyServer):
         if line.startswith("data: "):
             validate("ResponseStreamEvent", json.loads(line[6:]))
     validate("CompactResource", compacted)
+
+
+def test_a_threshold_compaction_folds_a_stored_chain_too(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    sdk = client(proxy)
+    first = sdk.responses.create(model="m", input=history())
+    answer = sdk.responses.create(
+        model="m",
+        previous_response_id=first.id,
+        input=[user("And the tests?")],
+        context_management=[{"type": "compaction", "compact_threshold": 40}],
+    )
+    assert [o.type for o in answer.output] == ["compaction", "message"]
+    assert answer.previous_response_id == first.id
+    sent = responses_upstream[0].received[-1].json["input"]
+    # The developer message stays; the rest of the chain is the summary now.
+    assert [i.get("role") for i in sent] == ["developer", "user", "user"]
+    assert "Summary of the earlier conversation" in json.dumps(sent[1])
+    assert sent[-1] == user("And the tests?")
