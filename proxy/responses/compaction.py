@@ -87,6 +87,12 @@ class CompactingExchange(ResponsesExchange):
         self.measured: int | None = None
         # The stored items the input's newest compaction item stands for (see _input).
         self.folded: list[dict[str, Any]] = []
+        self.previewing = False
+
+    async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
+        # A preview (lock=False) expands items but compacts nothing: no summary is made.
+        self.previewing = not lock
+        return await super().plan(body, lock=lock)
 
     async def _run(self) -> Response:
         self.raw = await read_body(
@@ -123,7 +129,7 @@ class CompactingExchange(ResponsesExchange):
                 window = context_window(self.model or "")
                 threshold = int(DEFAULT_SHARE * window) if window else None
             self.threshold = threshold
-            if threshold is not None:
+            if threshold is not None and not self.previewing:
                 items = await self._past_threshold(body, items, threshold)
         if self.expanded.payloads and self.ref is not None and self.compaction is None:
             # The turns the newest item folded away, back from the store: never

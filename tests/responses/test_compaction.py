@@ -558,3 +558,24 @@ def test_a_threshold_compaction_folds_a_stored_chain_too(
     assert [i.get("role") for i in sent] == ["developer", "user", "user"]
     assert "Summary of the earlier conversation" in json.dumps(sent[1])
     assert sent[-1] == user("And the tests?")
+
+
+def test_a_preview_shows_the_item_expanded_and_compacts_nothing(
+    proxy: ProxyServer,
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    fake: tuple[FakeUpstream, AiohttpServer],
+):
+    item = client(proxy).responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    body = {
+        "model": "m",
+        "input": [item.model_dump(exclude_none=True), *history(), user("next")],
+        "context_management": [{"type": "compaction", "compact_threshold": 10}],
+    }
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        shown = http.post("/v1/context/preview", json=body, headers=HEADERS)
+    assert shown.status_code == 200
+    sent = shown.json()["input"]
+    assert "Summary of the earlier conversation" in json.dumps(sent[0])
+    assert all(i.get("type") != "compaction" for i in sent)
+    assert len(fake[0].summarizer_requests) == 1  # the trigger's only
+    assert responses_upstream[0].received == []
