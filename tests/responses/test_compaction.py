@@ -579,3 +579,17 @@ def test_a_preview_shows_the_item_expanded_and_compacts_nothing(
     assert all(i.get("type") != "compaction" for i in sent)
     assert len(fake[0].summarizer_requests) == 1  # the trigger's only
     assert responses_upstream[0].received == []
+
+
+def test_compaction_upstream_relays_the_compact_endpoint_to_the_upstreams_own(
+    start: Any, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    responses_upstream[0].compaction = True
+    relayed = start(compaction="upstream")
+    body = {"model": "m", "input": history()}
+    with httpx.Client(base_url=relayed.url, timeout=10) as http:
+        response = http.post("/v1/responses/compact", json=body, headers=HEADERS)
+    assert response.status_code == 200
+    assert response.json()["output"][-1]["encrypted_content"] == "gAAAA"  # OpenAI's own
+    (received,) = responses_upstream[0].received
+    assert received.path == "/v1/responses/compact" and received.json == body
