@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -29,6 +30,11 @@ from proxy.responses.compaction_wire import Asked, usage
 from proxy.responses.items import ItemCounter
 from proxy.runtime import Runtime
 from proxy.upstream.base import UpstreamRequest
+
+
+def output_item(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A retained message as an output item: with an id and a status, as OpenAI returns it."""
+    return {"id": f"msg_{os.urandom(16).hex()}", "status": "completed", **message}
 
 
 class CompactExchange(CompactingExchange):
@@ -52,7 +58,7 @@ class CompactExchange(CompactingExchange):
             "id": f"resp_{os.urandom(16).hex()}",
             "object": "response.compaction",
             "created_at": int(time.time()),
-            "output": [*retained(self.conversation), self.compaction.item],
+            "output": [*map(output_item, retained(self.conversation)), self.compaction.item],
             "usage": usage(
                 sum(counter.count(i, h) for i, h in pairs),
                 counter.count({"role": "assistant", "content": self.compaction.payload.summary}),

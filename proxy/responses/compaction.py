@@ -87,6 +87,12 @@ class CompactingExchange(ResponsesExchange):
         self.measured: int | None = None
         # The stored items the input's newest compaction item stands for (see _input).
         self.folded: list[dict[str, Any]] = []
+        self.previewing = False
+
+    async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
+        # A preview (lock=False) expands items but compacts nothing: no summary is made.
+        self.previewing = not lock
+        return await super().plan(body, lock=lock)
 
     async def _run(self) -> Response:
         self.raw = await read_body(
@@ -123,7 +129,7 @@ class CompactingExchange(ResponsesExchange):
                 window = context_window(self.model or "")
                 threshold = int(DEFAULT_SHARE * window) if window else None
             self.threshold = threshold
-            if threshold is not None:
+            if threshold is not None and not self.previewing:
                 items = await self._past_threshold(body, items, threshold)
         if self.expanded.payloads and self.ref is not None and self.compaction is None:
             # The turns the newest item folded away, back from the store: never
@@ -137,9 +143,11 @@ class CompactingExchange(ResponsesExchange):
     ) -> list[dict[str, Any]]:
         """Past ``threshold``: everything before the newest turn compacted first."""
         counter = ItemCounter(self.model or "")
-        self.measured = counter.fixed(body) + sum(counter.count(i, item_hash(i)) for i in items)
+        chain = sum(counter.count(s.message, s.content_hash) for s in self.chain)
+        fresh = sum(counter.count(i, item_hash(i)) for i in items)
+        self.measured = counter.fixed(body) + chain + fresh
         start = newest_turn(items)
-        if self.measured <= threshold or start == 0:
+        if self.measured <= threshold or (start == 0 and not self.chain):
             return items
         head, tail = items[:start], items[start:]
         self.compaction = await self._compact(head, len(self.chain))
@@ -217,16 +225,18 @@ class CompactingExchange(ResponsesExchange):
         return stream
 
     def _decided(self, decision: Decision) -> Decision:
-        """The folded turns taken out of what is forwarded, as dropped by the compaction."""
-        if not self.folded:
+        """What a compaction stands for taken out of what is forwarded, as dropped by it."""
+        hidden = self._hidden()
+        if not hidden:
             return decision
-        lo, hi = self.chain_len, self.chain_len + len(self.folded)
         counter = ItemCounter(self.model or "")
-        pairs = [(i, m) for i, m in zip(decision.kept, decision.messages, strict=False)]
-        if len(decision.kept) != len(decision.messages):
-            return decision  # a policy that adds messages: forwarded as it decided
-        kept = [(i, m) for i, m in pairs if not lo <= i < hi]
-        out = [i for i, _ in pairs if lo <= i < hi]
+        if len(decision.kept) == len(decision.messages):
+            pairs = list(zip(decision.kept, decision.messages, strict=True))
+            messages = [m for i, m in pairs if i not in hidden]
+        else:  # a policy that adds messages of its own: the hidden ones by identity
+            ids = {id(self.conversation[i]) for i in hidden}
+            messages = [m for m in decision.messages if id(m) not in ids]
+        out = [i for i in decision.kept if i in hidden]
         tokens = sum(counter.count(self.conversation[i], self.item_hashes[i]) for i in out)
         after = max(0, decision.tokens_after - tokens)
         extra = {**decision.extra, "compaction_folded": len(out)}
@@ -239,12 +249,21 @@ class CompactingExchange(ResponsesExchange):
             if room > 0:
                 extra["recall_budget"] = room
         return decision.but(
-            messages=[m for _, m in kept],
-            kept=tuple(i for i, _ in kept),
+            messages=messages,
+            kept=tuple(i for i in decision.kept if i not in hidden),
             dropped=tuple(sorted({*decision.dropped, *out})),
             tokens_after=after,
             extra=extra,
         )
+
+    def _hidden(self) -> set[int]:
+        """Positions never forwarded: the turns an item folded away (read back for recall),
+        and a chain a threshold compaction summarized (but its system and developer messages)."""
+        n = self.chain_len
+        hidden = set(range(n, n + len(self.folded)))
+        if self.compaction is not None and not self.asked.trigger:
+            hidden |= {i for i in range(n) if not pinned([self.conversation[i]])}
+        return hidden
 
     @property
     def policy_name(self) -> str:
@@ -289,6 +308,8 @@ class CompactingExchange(ResponsesExchange):
             shown.update(self.expanded.detail())
         if self.folded:
             shown["restored"] = len(self.folded)
+        if self.compaction is not None and self.chain and not self.asked.trigger:
+            shown["chain_folded"] = len(self._hidden())
         if shown:
             detail["compaction"] = shown
         return detail

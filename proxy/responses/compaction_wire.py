@@ -104,7 +104,7 @@ def asked(body: Mapping[str, Any]) -> Asked:
 def usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,
@@ -159,7 +159,8 @@ def _item_events(item: dict[str, Any], index: int, first: int) -> list[bytes]:
 
 def stream_events(response: dict[str, Any]) -> list[bytes]:
     """The events of a completed compaction response, in order."""
-    opening = {**response, "status": "in_progress", "output": [], "usage": None}
+    opening = {k: v for k, v in response.items() if k != "usage"}
+    opening.update(status="in_progress", output=[])
     events = [
         _event("response.created", 0, response=opening),
         _event("response.in_progress", 1, response=opening),

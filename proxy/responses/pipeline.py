@@ -394,7 +394,10 @@ class ResponsesExchange(ChatExchange):
         storable = self._adopt(answer)
         status = answer.get("status")
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        record = self._close(200, 200, usage, incomplete or status == "incomplete", error, release)
+        # An answer the proxy made itself (a compaction) had no upstream.
+        upstream_status = 200 if self.upstream_ms is not None else None
+        incomplete = incomplete or status == "incomplete"
+        record = self._close(200, upstream_status, usage, incomplete, error, release)
         if isinstance(status, str):
             record.detail["response_status"] = status
         if not storable or self.response_id is None or self.key is None:

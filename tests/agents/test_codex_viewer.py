@@ -69,8 +69,8 @@ def test_the_viewer_shows_each_compaction_codex_asked_for(
             wait_for(p, f"document.getElementById('d-title').textContent.includes('{q['id']}')")
             line = p.text_content("#detail dl.facts-dl div:has(dt:text-is('Compaction')) dd")
             assert line is not None
-            assert "asked by trigger, answered by proxy" in line
-            assert f"{compaction['covered_items']} items into {compaction['item_id']}" in line
+            assert "trigger (proxy)" in line
+            assert f"{compaction['status']}, {compaction['covered_items']} items folded" in line
         # A request after a compaction says it carried the item, expanded.
         later = [q for q in view["requests"] if (q["compaction"] or {}).get("expanded")]
         assert later
@@ -80,9 +80,9 @@ def test_the_viewer_shows_each_compaction_codex_asked_for(
         p.click(f"#timeline a[data-id='{last['id']}']")
         wait_for(p, f"document.getElementById('d-title').textContent.includes('{last['id']}')")
         line = p.text_content("#detail dl.facts-dl div:has(dt:text-is('Compaction')) dd") or ""
-        assert "1 item expanded into its summary" in line
+        assert "1 item(s) expanded" in line
         restored = last["compaction"]["restored"]
-        assert f"{restored} folded items back from the store for recall" in line
+        assert f"{restored} folded turns kept for recall" in line
         assert tab.errors == []
     finally:
         tab.close()

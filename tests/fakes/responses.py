@@ -81,6 +81,7 @@ class FakeResponses:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/responses", self.create)
+        app.router.add_post("/v1/responses/compact", self.compact)
         app.router.add_get("/v1/responses/{id}", self.retrieve)
         app.router.add_delete("/v1/responses/{id}", self.delete)
         app.router.add_get("/v1/responses/{id}/input_items", self.input_items)
@@ -102,6 +103,22 @@ class FakeResponses:
         return rec
 
     # -- POST ---------------------------------------------------------------
+
+    async def compact(self, request: web.Request) -> web.Response:
+        """OpenAI's /responses/compact, when the fake reads compaction (else a 404)."""
+        body = (await self._record(request)).json
+        if not self.compaction or not isinstance(body, dict):
+            return _error(404, "Not found", None, None)
+        users = [i for i in _items(body.get("input")) if i.get("role") == "user"]
+        item = {"id": f"cmp_{next(self.ids)}", "type": "compaction", "encrypted_content": "gAAAA"}
+        answer = {
+            "id": f"resp_{next(self.ids)}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*users, item],
+            "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+        }
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = (await self._record(request)).json

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from proxy.http.sessions import tenant_of
 from tests.fakes.responses import FakeResponses
 from tests.fakes.upstream import FakeUpstream, Reply
 from tests.harness import (
@@ -27,9 +28,11 @@ from tests.harness import (
     query,
     wait_until,
 )
+from tests.openapi import validate
 
 TRIGGER = {"type": "compaction_trigger"}
 SESSION = {"X-Session-Id": "codex-1"}
+ADMIN_KEY = "adm-compaction-0123"
 # What the SDK sends besides: the client's key (a request without one stores nothing).
 HEADERS = {**SESSION, "Authorization": "Bearer sk-test"}
 
@@ -88,12 +91,18 @@ def proxy_config(
         routes=[route],
         policies=policies,
         extra={
+            "admin": {"api_key": "os.environ/CTX_COMPACTION_ADMIN_KEY"},
             "upstreams": {
                 "default": {"base_url": f"{responses.url}/v1", "timeout_s": 5},
                 "summarizer": {"base_url": f"{summarizer.url}/v1", "timeout_s": 5},
-            }
+            },
         },
     )
+
+
+@pytest.fixture(autouse=True)
+def admin_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTX_COMPACTION_ADMIN_KEY", ADMIN_KEY)
 
 
 @pytest.fixture
@@ -140,7 +149,8 @@ def test_a_trigger_is_answered_with_exactly_one_compaction_item_and_no_upstream_
     prompt = json.dumps(calls[0].json)
     assert "grep -r PORT" in prompt and "8731" in prompt and "settings" in prompt
     proxy.drain()
-    rows = query(tmp_path / "ctxproxy.db", "SELECT detail_json FROM requests")
+    rows = query(tmp_path / "ctxproxy.db", "SELECT upstream_status, detail_json FROM requests")
+    assert rows[-1]["upstream_status"] is None  # answered by the proxy
     detail = json.loads(rows[-1]["detail_json"])["compaction"]
     assert detail["asked"] == "trigger" and detail["mode"] == "proxy"
     assert detail["status"] == "created" and detail["item_id"] == item.id
@@ -280,7 +290,9 @@ def test_compact_endpoint_answers_the_user_messages_and_one_compaction_item(
     body = response.json()
     assert body["object"] == "response.compaction" and body["id"].startswith("resp_")
     output = body["output"]
-    assert output[:-1] == [i for i in history() if i.get("role") == "user"]
+    users = [i for i in history() if i.get("role") == "user"]
+    assert [{k: v for k, v in o.items() if k not in ("id", "status")} for o in output[:-1]] == users
+    assert all(o["id"].startswith("msg_") and o["status"] == "completed" for o in output[:-1])
     assert output[-1]["type"] == "compaction"
     assert body["usage"]["input_tokens"] > 0
     assert response.headers["x-context-compaction"] == "created"
@@ -435,3 +447,149 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     summary = [i for i in received.json["input"] if "Summary of the earlier" in json.dumps(i)]
     assert "8731" not in json.dumps(summary)
     assert "compaction" not in [i.get("type") for i in received.json["input"]]
+
+
+def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+):
+    sdk = client(proxy)
+    first = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    later = [
+        *retained,
+        first.model_dump(exclude_none=True),
+        user("Add a test for the settings module."),
+        assistant("Added tests/test_settings.py."),
+    ]
+    second = sdk.responses.create(model="m", input=[*later, TRIGGER])
+    assert [o.type for o in second.output] == ["compaction"]
+    calls = fake[0].summarizer_requests
+    assert len(calls) == 2
+    prompt = json.dumps(calls[1].json)
+    # Incremental: the first summary, then only what came after it.
+    assert "fake summary 1" in prompt and "test_settings" in prompt
+    assert "grep -r PORT" not in prompt
+    proxy.drain()
+    sql = "SELECT detail_json FROM requests ORDER BY id"
+    wait_until(lambda: len(query(tmp_path / "ctxproxy.db", sql)) == 2)
+    detail = json.loads(query(tmp_path / "ctxproxy.db", sql)[-1]["detail_json"])["compaction"]
+    assert detail["incremental"] is True and detail["expanded"] == 1
+    assert detail["restored"] == len(history())
+    # The stored session holds each compaction item as the answer it was.
+    stored = query(tmp_path / "ctxproxy.db", "SELECT role FROM items WHERE role = 'compaction'")
+    assert len(stored) == 2
+
+
+def test_the_viewer_shows_each_compaction(proxy: ProxyServer):
+    sdk = client(proxy)
+    item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    sdk.responses.create(model="m", input=[item.model_dump(exclude_none=True), user("next")])
+    proxy.drain()
+    path = f"/admin/sessions/{tenant_of('sk-test')}/codex-1"
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    view = httpx.get(f"{proxy.url}{path}", headers=auth).json()
+    compactions = [r["compaction"] for r in view["requests"]]
+    assert compactions[0]["status"] == "created" and compactions[0]["asked"] == "trigger"
+    assert compactions[1]["expanded"] == 1 and compactions[1]["restored"] == len(history())
+    page = httpx.get(f"{proxy.url}/admin/ui/viewer.js").text
+    assert "compactionText" in page
+
+
+def test_a_trigger_without_a_session_is_answered_and_nothing_summarized_is_stored(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+):
+    answer = client(proxy, {}).responses.create(model="m", input=[*history(), TRIGGER], store=False)
+    assert [o.type for o in answer.output] == ["compaction"]
+    assert len(fake[0].summarizer_requests) == 1
+    proxy.drain()
+    assert query(tmp_path / "ctxproxy.db", "SELECT id FROM summaries") == []
+
+
+def test_the_summarizers_breaker_opens_and_compaction_still_answers(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer]
+):
+    down = Reply(status=500, body=b'{"error": {"message": "down"}}')
+    fake[0].summary_replies.extend([down, down, down])
+    sdk = client(proxy).responses.with_raw_response
+    fallbacks = []
+    for _ in range(4):
+        raw = sdk.create(model="m", input=[*history(), TRIGGER])
+        assert [o.type for o in raw.parse().output] == ["compaction"]
+        fallbacks.append(raw.headers["x-context-compaction-fallback"])
+    assert fallbacks[-1] == "summarizer_unavailable"
+    assert len(fake[0].summarizer_requests) == 3  # the open circuit made no call
+
+
+def test_the_answers_match_openais_published_shapes(proxy: ProxyServer):
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        whole = http.post(
+            "/v1/responses", json={"model": "m", "input": [*history(), TRIGGER]}, headers=HEADERS
+        ).json()
+        streamed = http.post(
+            "/v1/responses",
+            json={"model": "m", "input": [*history(), TRIGGER], "stream": True},
+            headers=HEADERS,
+        ).text
+        compacted = http.post(
+            "/v1/responses/compact", json={"model": "m", "input": history()}, headers=HEADERS
+        ).json()
+    validate("Response", whole)
+    for line in streamed.splitlines():
+        if line.startswith("data: "):
+            validate("ResponseStreamEvent", json.loads(line[6:]))
+    validate("CompactResource", compacted)
+
+
+def test_a_threshold_compaction_folds_a_stored_chain_too(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    sdk = client(proxy)
+    first = sdk.responses.create(model="m", input=history())
+    answer = sdk.responses.create(
+        model="m",
+        previous_response_id=first.id,
+        input=[user("And the tests?")],
+        context_management=[{"type": "compaction", "compact_threshold": 40}],
+    )
+    assert [o.type for o in answer.output] == ["compaction", "message"]
+    assert answer.previous_response_id == first.id
+    sent = responses_upstream[0].received[-1].json["input"]
+    # The developer message stays; the rest of the chain is the summary now.
+    assert [i.get("role") for i in sent] == ["developer", "user", "user"]
+    assert "Summary of the earlier conversation" in json.dumps(sent[1])
+    assert sent[-1] == user("And the tests?")
+
+
+def test_a_preview_shows_the_item_expanded_and_compacts_nothing(
+    proxy: ProxyServer,
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    fake: tuple[FakeUpstream, AiohttpServer],
+):
+    item = client(proxy).responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    body = {
+        "model": "m",
+        "input": [item.model_dump(exclude_none=True), *history(), user("next")],
+        "context_management": [{"type": "compaction", "compact_threshold": 10}],
+    }
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        shown = http.post("/v1/context/preview", json=body, headers=HEADERS)
+    assert shown.status_code == 200
+    sent = shown.json()["input"]
+    assert "Summary of the earlier conversation" in json.dumps(sent[0])
+    assert all(i.get("type") != "compaction" for i in sent)
+    assert len(fake[0].summarizer_requests) == 1  # the trigger's only
+    assert responses_upstream[0].received == []
+
+
+def test_compaction_upstream_relays_the_compact_endpoint_to_the_upstreams_own(
+    start: Any, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    responses_upstream[0].compaction = True
+    relayed = start(compaction="upstream")
+    body = {"model": "m", "input": history()}
+    with httpx.Client(base_url=relayed.url, timeout=10) as http:
+        response = http.post("/v1/responses/compact", json=body, headers=HEADERS)
+    assert response.status_code == 200
+    assert response.json()["output"][-1]["encrypted_content"] == "gAAAA"  # OpenAI's own
+    (received,) = responses_upstream[0].received
+    assert received.path == "/v1/responses/compact" and received.json == body

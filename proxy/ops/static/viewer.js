@@ -322,20 +322,6 @@
   const sentParts = (t) => SENT.map((f) => [f, t.split.sent[f]]);
   const fwdParts = (t) => FORWARDED.map((f) => [f, t.split.forwarded[f]]);
 
-  // A compaction the request asked for (answered with one item) or carried (expanded).
-  function compactionText(c) {
-    if (!c) return "–";
-    const parts = [];
-    if (c.asked) parts.push(`asked by ${c.asked}, answered by ${c.mode}`);
-    if (c.status) {
-      parts.push(`${c.status}: ${num(c.covered_items)} items into ${c.item_id}${c.fallback ? ` (fallback ${c.fallback})` : ""}`);
-    }
-    if (c.expanded) parts.push(`${c.expanded} item expanded into its summary, ${num(c.folded || 0)} folded`);
-    if (c.restored) parts.push(`${num(c.restored)} folded items back from the store for recall`);
-    if (c.foreign_dropped) parts.push(`${c.foreign_dropped} foreign item(s) taken out`);
-    return parts.join("; ") || "–";
-  }
-
   function badges(q) {
     const out = [];
     if (q.status !== 200) out.push(h("span", { class: "badge bad", text: q.error ? `${q.status} error` : String(q.status) }));
@@ -345,8 +331,8 @@
     }
     if (q.fallback) out.push(h("span", { class: "badge warn", text: `fallback: ${q.fallback}` }));
     const c = q.compaction;
-    if (c && c.status) out.push(h("span", { class: "badge f-summarized-b", text: `compaction ${c.status}` }));
-    else if (c && c.expanded) out.push(h("span", { class: "badge f-summarized-b", text: "compaction expanded" }));
+    if (c && c.status) out.push(h("span", { class: `badge ${c.fallback ? "warn" : "f-summarized-b"}`, text: `compaction ${c.status}` }));
+    else if (c && c.expanded) out.push(h("span", { class: "badge f-summary-b", text: "compaction expanded" }));
     if (q.recalled && q.recalled.turns) out.push(h("span", { class: "badge f-recalled-b", text: `${q.recalled.turns} recalled` }));
     if (q.recalled && q.recalled.status === "error") out.push(h("span", { class: "badge warn", text: "recall error" }));
     if (q.masked && q.masked.length) out.push(h("span", { class: "badge f-masked-b", text: `${q.masked.length} masked` }));
@@ -517,6 +503,18 @@
       h("tfoot", {}, h("tr", {}, h("th", { scope: "row", text: "total" }),
         h("td", { class: "num", "data-field": "before", text: num(t.before) }),
         h("td", { class: "num", "data-field": "after", text: num(t.after) }))));
+  }
+
+  // What the proxy did at a compaction (the request row's detail.compaction).
+  function compactionText(c) {
+    if (!c) return "–";
+    const parts = [];
+    if (c.asked) parts.push(`${c.asked} (${c.mode || "?"})`);
+    if (c.status) parts.push(`${c.status}${c.fallback ? `: ${c.fallback}` : ""}, ${num(c.covered_items)} items folded${c.incremental ? ", incremental" : ""}`);
+    if (c.expanded) parts.push(`${c.expanded} item(s) expanded`);
+    if (c.restored) parts.push(`${c.restored} folded turns kept for recall`);
+    if (c.foreign_dropped) parts.push(`${c.foreign_dropped} foreign item(s) taken out`);
+    return parts.join("; ") || "–";
   }
 
   function renderDetail(ctx) {
