@@ -60,7 +60,7 @@ test: $(DEV) lint $(NODE_STAMP)
 chromium:
 	@./.ci/ensure-chromium
 
-# Regenerate the README's screenshots (docs/screenshots/) from the browser tests.
+# Regenerate the session viewer's screenshots (docs/screenshots/) from the browser tests.
 screenshots: $(DEV) chromium
 	CTXPROXY_SCREENSHOTS=1 $(BIN)/pytest -q tests/ops/test_viewer_browser.py
 
@@ -74,7 +74,7 @@ bench: $(DEV)
 	$(BIN)/python bench/agents.py
 
 # The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
-# and kill -9 load; then one table of its figures (README "Reliability").
+# and kill -9 load; then one table of its figures (docs/benchmarks/reliability.md).
 reliability: $(DEV)
 	rm -f .reliability.jsonl
 	RELIABILITY_REPORT=$(CURDIR)/.reliability.jsonl RELIABILITY_BODIES=10000 \

@@ -21,12 +21,16 @@ and reasons); only the layout differs:
 - Any other item, unknown types included, is a plain member of its turn:
   forwarded as the very same object, counted, dropped only with its turn.
 - Function and custom tool calls without their output, and outputs without
-  their call, are broken input the upstream would reject (400): they are
+  their call (a ``function_call_output`` may answer a ``local_shell_call``, as
+  Codex sends it), are broken input the upstream would reject (400): they are
   dropped and listed in ``Decision.repaired``, with any reasoning item that
   leads into a dropped call.
 - ``function_call_output`` and ``custom_tool_call_output`` items over
   ``tool_output_max_tokens`` are clipped like chat tool results (head and
-  tail kept), when their output is a string.
+  tail kept), when their output is a string; with ``mask_tool_outputs``
+  old ones are masked like chat tool results (policies.mask), their
+  ``output`` replaced by the one-line placeholder. Either way the item
+  stays, with its ``call_id``, in its unit: a call is never without its output.
 
 Recall (policies/recall.py) takes back the same units: :class:`ItemShape`
 says where they are (a call with its output, reasoning with its item) and
@@ -46,9 +50,10 @@ from dataclasses import replace
 from itertools import accumulate
 from typing import Any
 
-from policies.apply import passthrough
+from policies.apply import passthrough, with_masks
+from policies.mask import mask_view, output_placeholder
 from policies.transcript import message_text
-from policies.trim import Layout, clip_tool_result, trim_units
+from policies.trim import Layout, clip_tool_result, mask_candidates, trim_units
 from policies.types import (
     Budget,
     CountFn,
@@ -139,6 +144,9 @@ def _orphans(items: Sequence[Message], kinds: Sequence[str]) -> tuple[int, ...]:
     outputs = {output: call for call, output in REPAIRED_PAIRS.items()}
     calls: dict[tuple[str, object], int] = {}
     answers: dict[tuple[str, object], int] = {}
+    # Codex answers its local_shell_call with a function_call_output of the same call_id
+    # (the API's own answer is a local_shell_call_output): such an output is answered.
+    shells: set[object] = set()
     orphans: set[int] = set()
     for i, (item, kind) in enumerate(zip(items, kinds, strict=True)):
         if kind in REPAIRED_PAIRS:
@@ -147,9 +155,13 @@ def _orphans(items: Sequence[Message], kinds: Sequence[str]) -> tuple[int, ...]:
                 orphans.add(i)  # a second call with the same id cannot be told apart
             else:
                 calls[key] = i
+        elif kind == "local_shell_call":
+            shells.add(item.get("call_id"))
         elif kind in outputs:
             key = (outputs[kind], item.get("call_id"))
-            if key not in calls or key in answers:
+            if key not in calls and kind == "function_call_output" and key[1] in shells:
+                shells.discard(key[1])  # one answer
+            elif key not in calls or key in answers:
                 orphans.add(i)  # before its call, without one, or a second answer
             else:
                 answers[key] = i
@@ -190,9 +202,20 @@ def clip_item_output(
 def trim_items(
     items: Sequence[Message], spec: TrimSpec, count: CountFn, budget: Budget
 ) -> Decision:
-    """:func:`policies.trim.trim` for Responses items; raises ContextTooLong when nothing fits."""
+    """:func:`policies.trim.trim` for Responses items; raises ContextTooLong when nothing fits.
+
+    ``mask_tool_outputs``: old tool outputs (string ``output`` of a function or
+    custom tool call) become placeholders at the budget crossings, as chat tool
+    results do; the call, its ``call_id`` and the output item itself stay.
+    """
     items = list(items)
-    return trim_units(items, item_layout(items), spec, count, budget, clip_item_output)
+    layout = item_layout(items)
+    masks = None
+    if spec.mask_tool_outputs is not None:
+        masks = mask_candidates(
+            items, layout.clippable, spec.mask_tool_outputs, count, output_placeholder
+        )
+    return trim_units(items, layout, spec, count, budget, clip_item_output, masks)
 
 
 def apply_items(
@@ -202,6 +225,18 @@ def apply_items(
     if isinstance(spec, TrimSpec):
         return trim_items(items, spec, count, budget)
     if isinstance(spec, NoneSpec):
+        if spec.mask_tool_outputs is not None:
+            layout = item_layout(items)
+            view = mask_view(
+                items,
+                layout.starts,
+                layout.clippable,
+                spec.mask_tool_outputs,
+                count,
+                output_placeholder,
+            )
+            if view.masked:
+                return with_masks(passthrough(view.messages, count, budget), view)
         return passthrough(items, count, budget)
     if isinstance(spec, SummarizeSpec):
         # Items are not summarized (yet): the trimming a summarize policy's
@@ -276,7 +311,11 @@ def item_text(item: Message, kind: str | None = None) -> str:
         return message_text(item)
     if kind in ("function_call", "custom_tool_call"):
         arguments = item.get("arguments") if kind == "function_call" else item.get("input")
-        return f"{item.get('name') or '?'}({arguments if isinstance(arguments, str) else ''})"
+        name = item.get("name") or "?"
+        namespace = item.get("namespace")  # an MCP server's tools, as Codex names them
+        if isinstance(namespace, str) and namespace:
+            name = f"{namespace}.{name}"
+        return f"{name}({arguments if isinstance(arguments, str) else ''})"
     if kind.endswith("_output") and "output" in item:
         output = item["output"]
         if isinstance(output, str):

@@ -35,7 +35,7 @@ them as evicted (recallable) content.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -82,6 +82,17 @@ def placeholder(message: Message, tokens: int) -> dict[str, object]:
     return {**message, "content": text}
 
 
+def output_placeholder(item: Message, tokens: int) -> dict[str, object]:
+    """A Responses tool output item (``function_call_output``, ``custom_tool_call_output``)
+    with its ``output`` replaced by the placeholder; its ``call_id`` and every other key kept."""
+    text = PLACEHOLDER.format(tokens=tokens, first_line=first_line(item.get("output")))
+    return {**item, "output": text}
+
+
+# How a maskable element becomes its placeholder (chat: content; items: output).
+Cover = Callable[[Message, int], dict[str, object]]
+
+
 def horizon(turn_tokens: Sequence[int], after_turns: int, step_tokens: int) -> int:
     """Turns whose results are masked, replaying the growth one turn at a time.
 
@@ -100,19 +111,32 @@ def horizon(turn_tokens: Sequence[int], after_turns: int, step_tokens: int) -> i
 
 
 def mask_tool_outputs(messages: Sequence[Message], spec: MaskSpec, count: CountFn) -> MaskView:
-    """The masked view of ``messages`` under ``spec`` (see the module docstring)."""
-    msgs = list(messages)
-    roles = [m.get("role") for m in msgs]
+    """The masked view of chat ``messages`` under ``spec`` (see the module docstring)."""
+    roles = [m.get("role") for m in messages]
     users = [i for i, role in enumerate(roles) if role == "user"]
+    tools = [i for i, role in enumerate(roles) if role == "tool"]
+    return mask_view(messages, users, tools, spec, count, placeholder)
+
+
+def mask_view(
+    messages: Sequence[Message],
+    starts: Sequence[int],
+    maskable: Sequence[int],
+    spec: MaskSpec,
+    count: CountFn,
+    cover: Cover,
+) -> MaskView:
+    """The masked view of any list: ``starts`` are where turns begin (ascending),
+    ``maskable`` the elements that may be masked, ``cover`` makes a placeholder of one."""
+    msgs = list(messages)
+    users = list(starts)
     if len(users) <= spec.after_turns:
         return MaskView(msgs)
-    # Each candidate: its index, its turn (results before the first user message
+    # Each candidate: its index, its turn (results before the first turn
     # belong to the oldest turn), its tokens.
     candidates: list[tuple[int, int, int]] = []
     turn_tokens = [0] * len(users)
-    for i, role in enumerate(roles):
-        if role != "tool":
-            continue
+    for i in maskable:
         tokens = count(msgs[i])
         if tokens < spec.min_tokens:
             continue
@@ -124,7 +148,7 @@ def mask_tool_outputs(messages: Sequence[Message], spec: MaskSpec, count: CountF
     for i, turn, tokens in candidates:
         if turn >= h:
             continue
-        masked = placeholder(msgs[i], tokens)
+        masked = cover(msgs[i], tokens)
         after = count(masked)
         if after >= tokens:
             continue  # a tiny result: the placeholder would not be shorter

@@ -12,8 +12,8 @@ Following the context-mode design, each mode is a budget and a share of it:
 
 Each mode also recalls (policies/recall.py): a share of its budget brings
 back the evicted turns the newest message needs, verbatim. The shares are
-the knees measured on LoCoMo (bench/recall.py's modes section; README
-"Recall"): past them another tenth of the budget buys little more evidence
+the knees measured on LoCoMo (bench/recall.py's modes section;
+docs/benchmarks/recall.md): past them another tenth of the budget buys little more evidence
 and takes it from the verbatim turns. A conversation that fits a mode's
 whole budget keeps all of it (the reserve is only taken once the policy
 has to drop something: ``Budget.spare``).

@@ -48,8 +48,8 @@ from itertools import accumulate
 from operator import add, sub
 from typing import Any
 
+from policies.mask import Cover, placeholder
 from policies.mask import horizon as mask_horizon
-from policies.mask import placeholder
 from policies.types import (
     Budget,
     Clip,
@@ -143,7 +143,7 @@ def trim(
     )
     masks = None
     if spec.mask_tool_outputs is not None:
-        masks = mask_candidates(msgs, roles, spec.mask_tool_outputs, count)
+        masks = mask_candidates(msgs, layout.clippable, spec.mask_tool_outputs, count)
     return trim_units(msgs, layout, spec, count, budget, clip_tool_result, masks, costs)
 
 
@@ -321,17 +321,19 @@ def trim_units(
 
 
 def mask_candidates(
-    msgs: Sequence[Message], roles: Sequence[object], spec: MaskSpec, count: CountFn
+    msgs: Sequence[Message],
+    maskable: Sequence[int],
+    spec: MaskSpec,
+    count: CountFn,
+    cover: Cover = placeholder,
 ) -> dict[int, tuple[Message, int]]:
-    """Tool results ``spec`` may mask: index -> the placeholder and its count."""
+    """The elements ``spec`` may mask (of ``maskable``): index -> the placeholder and its count."""
     out: dict[int, tuple[Message, int]] = {}
-    for i, role in enumerate(roles):
-        if role != "tool":
-            continue
+    for i in maskable:
         tokens = count(msgs[i])
         if tokens < spec.min_tokens:
             continue
-        masked = placeholder(msgs[i], tokens)
+        masked = cover(msgs[i], tokens)
         after = count(masked)
         if after < tokens:
             out[i] = (masked, after)

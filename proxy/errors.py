@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -16,6 +18,8 @@ class ProxyError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    # Response headers the error's status calls for (a 415's Accept-Encoding).
+    headers: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,
@@ -57,6 +61,21 @@ class InvalidRequest(ProxyError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = "request_too_large"
+
+
+class UnsupportedEncoding(InvalidRequest):
+    """A request body's Content-Encoding the proxy cannot decode (415, naming those it can,
+    as RFC 7694 has it)."""
+
+    status = 415
+    code = "unsupported_content_encoding"
+    headers = MappingProxyType({"accept-encoding": "zstd, gzip, deflate, br"})
+
+
+class CorruptEncoding(InvalidRequest):
+    """A request body that is not what its Content-Encoding says (400)."""
+
+    code = "invalid_content_encoding"
 
 
 class RequestTimeout(InvalidRequest):

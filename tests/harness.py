@@ -47,10 +47,12 @@ class LoopThread:
 
 
 class AiohttpServer:
-    def __init__(self, loop: LoopThread, app: web.Application) -> None:
+    def __init__(self, loop: LoopThread, app: web.Application, **handler: Any) -> None:
+        """``handler``: aiohttp's request-handler options (``auto_decompress=False``: a
+        fake that records a compressed body as it came)."""
         self.loop = loop
         self.port = free_port()
-        self.runner = web.AppRunner(app)
+        self.runner = web.AppRunner(app, **handler)
 
         async def start() -> None:
             await self.runner.setup()

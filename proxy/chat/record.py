@@ -82,6 +82,8 @@ class ExchangeRecord(ExchangeState):
                     }
                     for m in d.masked
                 ]
+        if self.session_source is not None:
+            record.detail["session_source"] = self.session_source
         if self.summary is not None:
             record.detail.update(self.summary.detail(record.detail.get("summary")))
         if self.recall is not None:

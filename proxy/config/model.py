@@ -35,7 +35,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # Empty: no client keys, the proxy is open to whoever reaches it (see README).
+    # Empty: no client keys, the proxy is open to whoever reaches it
+    # (docs/operations/reliability-and-tenancy.md).
     client_keys: tuple[ClientKey, ...] = ()
     # Slow clients: a request's headers must arrive within header_timeout_s of the
     # connection (or of the previous response), each body chunk within body_timeout_s;
@@ -105,7 +106,7 @@ class CoordinationConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """An upstream's `cache`: prompt-cache hints the proxy adds (README, "Prompt caching")."""
+    """An upstream's `cache`: prompt-cache hints the proxy adds (docs/guides/prompt-caching.md)."""
 
     # "auto": Anthropic cache_control breakpoints for Claude models behind litellm.
     breakpoints: Literal["auto", "off"] = "auto"
@@ -172,7 +173,7 @@ class LoggingConfig:
 # upper bound, not an allocation: sized so that 64 agents with 2,000-message
 # histories of each kind (client-held and ``history: server``, ~400 MB held) hit
 # on every turn (bench/history.py). Every per-session cache also keeps at most
-# 1,024 sessions, so many short sessions hold far less (README: Long sessions).
+# 1,024 sessions, so many short sessions hold far less (docs/design/long-sessions.md).
 DEFAULT_CACHE_BYTES = 2**30
 
 

@@ -2,8 +2,8 @@
 
 Keys live under ``<key_prefix>:`` (locks, fences, flights, calibration), so
 several deployments (or test runs) can share one Redis. What happens while
-Redis is unreachable (the degraded mode, README "Running several
-instances"): ``history: server`` requests are refused with a 503
+Redis is unreachable (the degraded mode,
+docs/operations/several-instances.md): ``history: server`` requests are refused with a 503
 (``coordination_unavailable``) before anything is read or sent; client-history
 requests are served as usual (their writes are idempotent per message, and
 PostgreSQL serializes each session's transactions on its row); summaries are

@@ -12,6 +12,8 @@ from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.http.content_encoding import codings
+from proxy.http.content_encoding import decode as decoded
 from proxy.http.shape import MAX_DEPTH, check_depth
 
 # Client headers never forwarded: they describe this hop, or belong to us.
@@ -32,8 +34,40 @@ _NOT_FORWARDED = frozenset(
 )
 
 
-async def read_body(request: Request, limit: int, idle_timeout_s: float = 30.0) -> bytes:
+# A decoded body's headers: its coding is undone (the length is never forwarded).
+_NOT_FORWARDED_DECODED = _NOT_FORWARDED | {"content-encoding"}
+
+
+async def read_body(
+    request: Request, limit: int, idle_timeout_s: float = 30.0, *, decode: bool = True
+) -> bytes:
     """The whole body, at most ``limit`` bytes, each chunk within ``idle_timeout_s``.
+
+    ``decode``: a body sent with a Content-Encoding is returned decoded, its
+    decoded size within ``limit`` too (proxy/http/content_encoding.py); False:
+    the bytes as they came (pass-through endpoints relay them so).
+    """
+    raw = await _read_raw(request, limit, idle_timeout_s)
+    if decode and raw:
+        coding = content_encoding(request.scope)
+        if coding is not None and codings(coding):
+            # In a worker thread: up to the limit's worth of output (a bomb's 32 MiB takes
+            # ~150 ms), which other requests must not wait for.
+            return await asyncio.to_thread(decoded, raw, coding, limit)
+    return raw
+
+
+def content_encoding(scope: Mapping[str, Any]) -> str | None:
+    """The request's Content-Encoding (repeated headers joined, as HTTP lists are); None:
+    none. Read off the raw ASGI headers: no Headers object built for a rare header."""
+    found = [v for k, v in scope["headers"] if k == b"content-encoding"]
+    if not found:
+        return None
+    return b",".join(found).decode("latin-1")
+
+
+async def _read_raw(request: Request, limit: int, idle_timeout_s: float) -> bytes:
+    """The body's bytes as they came, at most ``limit``.
 
     Too large: the rest is read and dropped first (up to DRAIN_FACTOR times
     the limit, within the same idle deadline), then the 413 is raised. A
@@ -125,9 +159,16 @@ def parse_object(raw: bytes, *, deferred: str | None = None) -> dict[str, Any]:
 
 
 def forward_headers(
-    headers: Iterable[tuple[str, str]], upstream: UpstreamConfig, session_header: str
+    headers: Iterable[tuple[str, str]],
+    upstream: UpstreamConfig,
+    session_header: str,
+    *,
+    encoded: bool = False,
 ) -> dict[str, str]:
-    skip = _NOT_FORWARDED | {session_header.lower(), "x-context-mode"}
+    """The client's headers as sent upstream. ``encoded``: the body goes as it came, so its
+    Content-Encoding does too; otherwise the body is the decoded one (read_body) and none."""
+    base = _NOT_FORWARDED if encoded else _NOT_FORWARDED_DECODED
+    skip = base | {session_header.lower(), "x-context-mode"}
     out = {k: v for k, v in headers if k not in skip}
     if upstream.api_key is not None:
         out["authorization"] = f"Bearer {upstream.api_key}"
@@ -140,7 +181,7 @@ def error_response(error: ProxyError, headers: Mapping[str, str] | None = None) 
         error.body_bytes(),
         status_code=error.status,
         media_type="application/json",
-        headers=dict(headers or {}),
+        headers={**(headers or {}), **error.headers},
     )
 
 

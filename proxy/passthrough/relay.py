@@ -7,10 +7,12 @@ considered only for JSON bodies, whose ``model`` is then read. No policy
 runs and nothing is stored: this is a reverse proxy hop, no more.
 
 - Request bodies: JSON is read whole (within ``server.max_body_bytes``) and
-  forwarded as its bytes; any other body (multipart uploads, audio, binary
-  parts) is streamed upstream as it arrives, with its Content-Length, never
-  buffered, so the body limit does not apply to it (the upstream's own
-  limits do, e.g. OpenAI's 512 MB files).
+  forwarded as its bytes, compressed ones with their Content-Encoding (decoded
+  only to read a ``model`` to route by, or for litellm, which parses them);
+  any other body (multipart uploads, audio, binary parts) is streamed
+  upstream as it arrives, with its Content-Length, never buffered, so the
+  body limit does not apply to it (the upstream's own limits do, e.g.
+  OpenAI's 512 MB files).
 - Answers: status, headers (Content-Length and Content-Encoding included:
   the bytes are the upstream's) and body relayed as they arrive, so SSE
   streams (``/v1/completions`` with ``stream: true``) and binary audio flow
@@ -25,6 +27,7 @@ runs and nothing is stored: this is a reverse proxy hop, no more.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,7 +39,8 @@ from starlette.types import Receive, Send
 
 from proxy.config.model import RouteConfig
 from proxy.errors import InvalidRequest, NotFound, ProxyError, UpstreamError
-from proxy.http.body import error_response, forward_headers, read_body
+from proxy.http.body import content_encoding, error_response, forward_headers, read_body
+from proxy.http.content_encoding import decode
 from proxy.runtime import Runtime
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest, UpstreamResponse
@@ -124,12 +128,16 @@ class Relay:
         body: bytes | None = None
         streamed: _ClientBody | None = None
         model: str | None = None
+        limit = rt.config.server.max_body_bytes
+        coding = content_encoding(request.scope)
         if _has_body(headers):
             if is_json(headers.get("content-type", "")):
-                body = await read_body(request, rt.config.server.max_body_bytes)
+                # Relayed as it came, compressed or not; decoded only to read the model.
+                body = await read_body(request, limit, decode=False)
                 self.bytes_in = len(body)
                 if rt.router.needs_model(path):
-                    model = _model_of(body)
+                    plain = body if coding is None else await _decoded(body, coding, limit)
+                    model = _model_of(plain)
             else:
                 streamed = _ClientBody(request.receive)
         self.route = route = self._match(path, model)
@@ -144,7 +152,11 @@ class Relay:
                 "path to an OpenAI-compatible upstream (one with a base_url).",
                 code="unsupported_endpoint",
             )
-        sent = forward_headers(headers.items(), config, rt.config.session.header)
+        encoded = True
+        if config.base_url is None and body is not None and coding is not None:
+            # litellm parses the body itself: it gets the decoded bytes.
+            body, encoded = await _decoded(body, coding, limit), False
+        sent = forward_headers(headers.items(), config, rt.config.session.header, encoded=encoded)
         length = headers.get("content-length")
         if streamed is not None and length is not None:
             sent["content-length"] = length  # streamed, but with its length: no chunked upload
@@ -259,6 +271,11 @@ def _has_body(headers: Any) -> bool:
     if length is not None:
         return length.strip() not in ("", "0")
     return "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+async def _decoded(body: bytes, coding: str, limit: int) -> bytes:
+    """``body`` decoded in a worker thread (as read_body does: up to the limit's worth)."""
+    return await asyncio.to_thread(decode, body, coding, limit)
 
 
 def _model_of(body: bytes) -> str | None:

@@ -21,7 +21,7 @@ from proxy.store.rows import dumps
 # JSON) fill a page only in whole rows: four ~940-byte rows fill a 4 KB page and
 # leave 10% of it empty, seventeen a 16 KB page (3%). The cost: a commit writes
 # whole pages to the WAL, so a commit of one exchange alone takes ~0.1 ms more CPU
-# (the README's "Long sessions" has the figures); group commit shares it out.
+# (docs/design/long-sessions.md has the figures); group commit shares it out.
 PAGE_SIZE = 16384
 
 

@@ -1,6 +1,6 @@
 """Hints that help a provider's prompt cache: ``prompt_cache_key`` and Anthropic breakpoints.
 
-Both are documented rewrites of what the client sent (README, "Prompt caching"):
+Both are documented rewrites of what the client sent (docs/guides/prompt-caching.md):
 
 - **OpenAI-compatible upstreams** route a request to a cache machine by a hash
   of its prefix, and ``prompt_cache_key`` narrows that to one key: the

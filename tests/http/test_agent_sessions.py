@@ -7,6 +7,7 @@ asserts on the stored session and the response headers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,9 @@ def test_a_codex_thread_is_one_session_across_its_compaction_windows(
     assert second.headers["x-session-id"] == CODEX_THREAD
     proxy.drain()
     assert sessions(tmp_path) == [CODEX_THREAD]
+    requests = query(tmp_path / "ctxproxy.db", "SELECT detail_json FROM requests ORDER BY rowid")
+    sources = [json.loads(r["detail_json"])["session_source"] for r in requests]
+    assert sources == ["codex:session-id", "codex:session-id"]
     rows = query(tmp_path / "ctxproxy.db", "SELECT role FROM items ORDER BY id")
     assert [r["role"] for r in rows] == ["user", "assistant", "user", "assistant"]
     # Codex's own headers and body fields reached the upstream as they came.

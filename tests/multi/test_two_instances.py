@@ -149,7 +149,7 @@ def cluster(
             instance.wait_ready()
             # The first request loads the tokenizer (a second or more of CPU on a busy
             # machine, the event loop blocked meanwhile): done before the test, so no
-            # lease lapses while its holder cannot renew it (README, degraded cases).
+            # lease lapses while its holder cannot renew it (docs/operations/several-instances.md, degraded mode).
             instance.client("warm-up").chat.completions.create(
                 model="gpt-4o", messages=[{"role": "user", "content": "warm up"}]
             )

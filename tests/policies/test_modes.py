@@ -99,7 +99,7 @@ def test_each_mode_bounds_its_summary_by_its_share_of_the_budget():
 
 
 def test_every_mode_recalls_a_measured_share_of_its_budget():
-    # bench/recall.py's modes section chose them (README "Recall"): a user who
+    # bench/recall.py's modes section chose them (docs/benchmarks/recall.md): a user who
     # only names a mode gets recall.
     for mode in (CONCISE, BALANCED, FULL):
         assert mode.recall is not None and mode.recall.share is not None

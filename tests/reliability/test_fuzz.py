@@ -3,9 +3,14 @@ on every 4xx, and what was stored before is byte-identical afterwards."""
 
 from __future__ import annotations
 
+import gzip
+import sys
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import brotli
 import httpx
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +22,36 @@ from tests.reliability.conftest import Both
 from tests.reliability.fuzz import BODIES_PER_ENDPOINT, Tally
 from tests.reliability.report import figure
 
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
+
 APPS = st.sampled_from([None, "trim", "server"])
+# Content-Encoding: mostly none; each coding the proxy decodes, a stack, one it does not
+# know, and bodies that lie about theirs (sent plain, or cut short).
+CODINGS = st.sampled_from(
+    [None, None, None, "gzip", "zstd", "br", "deflate", "gzip, br", "lzw", "zstd:plain", "br:cut"]
+)
+_PACK: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress,
+    "zstd": zstd.compress,
+    "br": brotli.compress,
+    "deflate": zlib.compress,
+}
+
+
+def _encoded(raw: bytes, coding: str) -> tuple[bytes, str]:
+    """``raw`` as a client would send it with ``coding`` (``name:plain``, ``name:cut``: a
+    body that is not what its header says)."""
+    name, _, lie = coding.partition(":")
+    if lie == "plain" or (name not in _PACK and "," not in name):
+        return raw, name
+    for part in name.split(", "):
+        raw = _PACK[part](raw)
+    return (raw[: len(raw) // 2] if lie == "cut" else raw), name
+
+
 SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "fuzz-1", "ユ"])
 
 
@@ -71,10 +105,12 @@ def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(body=strategy, app=APPS, session=SESSIONS)
-    def one(body: Any, app: str | None, session: str | None) -> None:
+    @given(body=strategy, app=APPS, session=SESSIONS, coding=CODINGS)
+    def one(body: Any, app: str | None, session: str | None, coding: str | None) -> None:
         raw = body if isinstance(body, bytes) else bodies.encode(body)
         headers: dict[str, Any] = {}
+        if coding:
+            raw, headers["content-encoding"] = _encoded(raw, coding)
         if app:
             headers["x-app"] = app
         if session:

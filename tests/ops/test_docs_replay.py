@@ -1,4 +1,4 @@
-"""The README's replay examples on the shipped sample run from a plain clone, as printed."""
+"""The replay guide's examples on the shipped sample run from a plain clone, as printed."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "support-chat.json"
+GUIDE = REPO / "docs" / "guides" / "replay.md"
 
 
-def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
+def guide_commands() -> list[str]:
+    text = GUIDE.read_text()
     return re.findall(r"^\$ (python -m proxy replay tests/data/\S+.*)$", text, re.M)
 
 
@@ -27,10 +28,10 @@ def test_the_sample_is_a_chat_conversation_with_tool_calls():
     assert calls and calls == results
 
 
-def test_the_readme_replay_examples_run_on_the_sample_as_printed():
-    commands = readme_commands()
-    assert commands, "the README shows no replay of tests/data/"
-    text = (REPO / "README.md").read_text()
+def test_the_guide_s_replay_examples_run_on_the_sample_as_printed():
+    commands = guide_commands()
+    assert len(commands) >= 4, "the replay guide shows no replay of tests/data/"
+    text = GUIDE.read_text()
     for command in commands:
         args = shlex.split(command)[3:]  # after `python -m proxy`
         out = subprocess.run(
@@ -38,6 +39,6 @@ def test_the_readme_replay_examples_run_on_the_sample_as_printed():
         )
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
-        # The header, the column names and the totals are pasted in the README as printed.
+        # The header, the column names and the totals are pasted in the guide as printed.
         for line in (lines[0], lines[1], lines[-2], lines[-1]):
             assert line in text, line
