@@ -202,13 +202,16 @@ def test_with_compaction_off_codex_is_told_so_and_nothing_reaches_the_upstream(
     assert refused and all("compaction_not_supported" in (r["error"] or "") for r in refused)
 
 
-def test_the_standalone_compact_endpoint_with_codexs_recorded_history(
-    task: tuple[CodingTask, AiohttpServer], proxy: ProxyServer
+@pytest.mark.parametrize("n", range(4))
+def test_the_standalone_compact_endpoint_with_each_history_codex_compacted(
+    task: tuple[CodingTask, AiohttpServer], proxy: ProxyServer, n: int
 ) -> None:
     fake, _ = task
-    body = compaction_requests()[0]
+    body = compaction_requests()[n]
+    # What Codex had when it compacted, its trigger left out (and, after the first,
+    # the item OpenAI answered the previous compaction with: foreign here).
     history = body["input"][:-1]
-    headers = {"session-id": "recorded-2", "Authorization": "Bearer sk-codex-test"}
+    headers = {"session-id": f"recorded-compact-{n}", "Authorization": "Bearer sk-codex-test"}
     compact = {k: body[k] for k in ("model", "tools", "parallel_tool_calls", "reasoning")}
     answer = httpx.post(
         f"{proxy.url}/v1/responses/compact",
@@ -219,11 +222,14 @@ def test_the_standalone_compact_endpoint_with_codexs_recorded_history(
     assert answer.status_code == 200, answer.text
     data = answer.json()
     assert data["object"] == "response.compaction"
+    # Codex's own messages retained, then exactly one compaction item, last.
     assert [i["type"] for i in data["output"]][-1] == "compaction"
     assert sum(i["type"] == "compaction" for i in data["output"]) == 1
+    assert any(PROMPT in t for t in texts({"input": data["output"][:-1]}))
     assert fake.received == []
 
-    # Codex's next turn over the compacted window: the upstream reads the summary.
+    # Codex's next turn over the compacted window: the upstream reads the summary
+    # the summarizer wrote, and nothing it cannot read.
     follow = {**body, "input": [*data["output"], user_message("Which port did db.env set?")]}
     follow["stream"] = False
     turn = httpx.post(f"{proxy.url}/v1/responses", json=follow, headers=headers, timeout=30)
@@ -231,7 +237,8 @@ def test_the_standalone_compact_endpoint_with_codexs_recorded_history(
     assert turn.headers["x-context-compaction"] == "expanded"
     (sent,) = fake.turns
     assert not [i for i in sent["input"] if i.get("type") in FOREIGN]
-    assert sum(SUMMARY_HEADER in t for t in texts(sent)) == 1
+    (summary,) = [t for t in texts(sent) if SUMMARY_HEADER in t]
+    assert "SUMMARY-ONE" in summary
 
 
 def test_with_compaction_upstream_codex_compacts_with_an_upstream_that_reads_it(
