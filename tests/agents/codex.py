@@ -80,9 +80,13 @@ def run_codex(
     prompt: str,
     *,
     auto_compact_tokens: int | None = None,
+    resume: bool = False,
     timeout: float = 120,
 ) -> CodexRun:
-    """``codex exec PROMPT`` in ``tmp/work`` with its home in ``tmp/home``."""
+    """``codex exec PROMPT`` in ``tmp/work`` with its home in ``tmp/home``.
+
+    ``resume``: ``codex exec resume --last PROMPT``, the same thread's next turn.
+    """
     codex = require_codex()
     home = tmp / "home"
     (home / ".codex").mkdir(parents=True, exist_ok=True)
@@ -98,8 +102,13 @@ def run_codex(
         "CTXPROXY_API_KEY": API_KEY,
         "NO_COLOR": "1",
     }
+    if resume:
+        args = ["exec", "resume", "--last", "--skip-git-repo-check", prompt]
+    else:
+        args = ["exec", "--skip-git-repo-check", "--color", "never", "-C", str(work), prompt]
     done = subprocess.run(
-        [str(codex), "exec", "--skip-git-repo-check", "--color", "never", "-C", str(work), prompt],
+        [str(codex), *args],
+        cwd=work,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,

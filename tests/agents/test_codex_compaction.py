@@ -27,9 +27,10 @@ from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config, q
 
 ADMIN_KEY = "adm-codex-0123456789"
 FOREIGN = ("compaction", "compaction_trigger")
+# What the summarizer answers: the task, none of the values the notes held.
 SUMMARIES = [
-    "## Goal\n- read the notes files\n## Done\n- db.env: DB_PORT=7311 (SUMMARY-ONE)",
-    "## Goal\n- read the notes files\n## Done\n- queue.env: VISIBILITY_TIMEOUT=93s (SUMMARY-TWO)",
+    "## Goal\n- read the notes files one at a time\n## Done\n- the first three (SUMMARY-ONE)",
+    "## Goal\n- read the notes files one at a time\n## Done\n- the first six (SUMMARY-TWO)",
 ]
 
 
@@ -262,3 +263,43 @@ def test_with_compaction_upstream_codex_compacts_with_an_upstream_that_reads_it(
     assert not fake.chat.summarizer_requests
     carried = [i for t in fake.turns for i in t["input"] if i.get("type") == "compaction"]
     assert carried and all(i["encrypted_content"].startswith("opaque-") for i in carried)
+
+
+def test_a_resumed_codex_question_gets_a_turn_two_compactions_folded_away_back_by_recall(
+    loop_thread: LoopThread, task: tuple[CodingTask, AiohttpServer], tmp_path: Path
+) -> None:
+    fake, server = task
+    # Everything the client sends is kept; recall may add up to 1,000 tokens.
+    policies = {
+        "agent": {"strategy": "trim", "max_tokens": 100_000, "recall": {"max_tokens": 1000}}
+    }
+    route = {"match": {"path": "/v1/responses"}, "upstream": "default", "policy": "agent"}
+    config = make_config(server.url, tmp_path, routes=[route], policies=policies)
+    proxy = ProxyServer(loop_thread, config)
+    try:
+        first = run_codex(tmp_path, proxy.url, PROMPT, auto_compact_tokens=AUTO_COMPACT)
+        assert first.returncode == 0, first.stderr[-3000:]
+        question = "Which port did db.env give the billing database?"
+        again = run_codex(
+            tmp_path, proxy.url, question, auto_compact_tokens=AUTO_COMPACT, resume=True
+        )
+        assert again.returncode == 0, again.stderr[-3000:]
+        proxy.drain()
+    finally:
+        proxy.stop()
+    # Codex resent only its compacted window; db.env's turn was folded into the
+    # summaries, which do not hold the port. The proxy's stored history still
+    # does: recall quoted the turn, verbatim, to the upstream.
+    asked = fake.turns[-1]
+    assert any(question in t for t in texts(asked))
+    assert not [i for i in asked["input"] if i.get("type") in FOREIGN]
+    verbatim = [t for t in texts(asked) if not t.startswith(SUMMARY_HEADER)]
+    summary = [t for t in texts(asked) if t.startswith(SUMMARY_HEADER)]
+    assert summary and "7311" not in summary[0]
+    assert any(FACTS[0].line in t and t.startswith("[ctxproxy recall]") for t in verbatim)
+    # Still one session: Codex's thread across both runs and every compaction window.
+    thread = fake.received[0].headers["thread-id"]
+    assert fake.received[-1].headers["thread-id"] == thread
+    assert [s["key"] for s in query(tmp_path / "ctxproxy.db", "SELECT key FROM sessions")] == [
+        thread
+    ]
