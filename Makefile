@@ -13,7 +13,7 @@ UV_VERSION := 0.13.9
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
 	--custom-compile-command "make lock"
 
-.PHONY: serve test lint bench reliability lock lock-upgrade clean chromium screenshots
+.PHONY: serve test lint bench reliability lock lock-upgrade clean chromium screenshots node
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,15 @@ $(DEV): requirements-dev.lock pyproject.toml $(PIP)
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(RUNTIME) $@
 
+# The coding agents the tests drive through the proxy (tests/agents/: the Codex CLI),
+# exactly as package-lock.json pins them; again only when the lock changes.
+NODE_STAMP := node_modules/.installed
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+node: $(NODE_STAMP)
+
 serve: $(RUNTIME)
 	$(BIN)/python -m proxy --config config.example.yaml
 
@@ -43,7 +52,7 @@ lint: $(DEV)
 	$(BIN)/ruff format --check proxy policies tests bench
 	$(BIN)/mypy
 
-test: $(DEV) lint
+test: $(DEV) lint $(NODE_STAMP)
 	@./.ci/ensure-chromium
 	$(BIN)/pytest -q
 
@@ -62,6 +71,7 @@ bench: $(DEV)
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/recall.py
 	$(BIN)/python bench/history.py
+	$(BIN)/python bench/agents.py
 
 # The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
 # and kill -9 load; then one table of its figures (docs/benchmarks/reliability.md).
@@ -85,4 +95,4 @@ lock-upgrade:
 	$(MAKE) lock UPGRADE=--upgrade
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis node_modules

@@ -34,7 +34,8 @@ from proxy.ops.preview import context_preview
 from proxy.ops.reload import Reloader
 from proxy.passthrough.models import models
 from proxy.passthrough.relay import relay
-from proxy.responses.pipeline import create_response
+from proxy.responses.compact import compact_response
+from proxy.responses.compaction import create_response
 from proxy.responses.stored import delete_response, list_input_items, retrieve_response
 from proxy.runtime import Runtime, build_store_for, build_upstream
 from proxy.store.backends import backend_name
@@ -52,6 +53,7 @@ RELAYED_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 # POST /v1/responses as a raw ASGI app too: sent with proxy.http.asgi.respond.
 responses_endpoint = Endpoint(create_response)
+compact_endpoint = Endpoint(compact_response)
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
@@ -185,6 +187,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/responses", responses_endpoint, methods=["POST"]),
+            Route("/v1/responses/compact", compact_endpoint, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),

@@ -8,6 +8,7 @@ saying so.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -82,9 +83,25 @@ def test_make_serve_installs_the_runtime_lock_and_make_test_the_dev_lock():
     assert re.search(r"^\$\(RUNTIME\): requirements.lock pyproject.toml \$\(PIP\)$", make, re.M)
     assert re.search(r"^\$\(DEV\): requirements-dev.lock pyproject.toml \$\(PIP\)$", make, re.M)
     assert re.search(r"^serve: \$\(RUNTIME\)$", make, re.M)
-    assert re.search(r"^test: \$\(DEV\) lint$", make, re.M)
+    assert re.search(r"^test: \$\(DEV\) lint \$\(NODE_STAMP\)$", make, re.M)
     assert re.search(r"^lock:", make, re.M)
     assert (REPO / ".ci" / "run").read_text().strip().endswith("make test")
+
+
+def test_make_test_installs_the_agent_tests_node_packages_from_their_lock():
+    """The Codex CLI the agent tests drive: package-lock.json's version, by `npm ci`."""
+    make = (REPO / "Makefile").read_text()
+    assert re.search(r"^\$\(NODE_STAMP\): package.json package-lock.json$", make, re.M)
+    assert "\tnpm ci " in make
+    wanted = json.loads((REPO / "package.json").read_text())["devDependencies"]
+    lock = json.loads((REPO / "package-lock.json").read_text())
+    assert lock["lockfileVersion"] >= 2
+    for name, version in wanted.items():
+        # Exact pins only: a range would let a new release in through `npm install`.
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), (name, version)
+        locked = lock["packages"][f"node_modules/{name}"]
+        assert locked["version"] == version and locked["integrity"].startswith("sha512-")
+    assert "/node_modules/" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def test_the_dockerfile_installs_the_runtime_lock_and_keeps_the_store_on_its_volume():

@@ -148,6 +148,7 @@ class ExchangeRecord(ExchangeState):
                 "summary_used": self.summary.status if self.summary else None,
                 "fallback": r.detail.get("fallback"),
                 **(recall_log_fields(self.recall) if self.recall is not None else {}),
+                **compaction_log_fields(r.detail),
                 "incomplete": r.incomplete,
                 "stable_prefix": r.stable_prefix,
                 "upstream_prompt_tokens": r.upstream_prompt_tokens,
@@ -158,3 +159,12 @@ class ExchangeRecord(ExchangeState):
                 "total_ms": round(r.total_ms or 0.0, 2),
             },
         )
+
+
+def compaction_log_fields(detail: dict[str, Any]) -> dict[str, Any]:
+    """The log line's word on a compaction (Responses: docs/compaction.md), when there was one."""
+    compaction = detail.get("compaction")
+    if not isinstance(compaction, dict):
+        return {}
+    status = compaction.get("status") or ("expanded" if compaction.get("expanded") else None)
+    return {"compaction": status, "compaction_fallback": compaction.get("fallback")}

@@ -58,6 +58,7 @@ from proxy.config.shared import (
 from proxy.config.summarize import (
     BUILTIN_MODES,
     check_route_policy,
+    route_compaction,
     route_modes,
     summarize_policy,
 )
@@ -255,26 +256,45 @@ def _policy(name: str, node: Node, base_dir: Path, upstreams: Mapping[str, Any])
     )
 
 
-def _routes(raw_routes: Any, upstreams: Mapping[str, Any], policies: Mapping[str, Any]) -> Any:
+def _routes(
+    raw_routes: Any, upstreams: Mapping[str, Any], policies: Mapping[str, Any], base_dir: Path
+) -> Any:
     if not isinstance(raw_routes, list) or not raw_routes:
         raise ConfigError("routes", "must be a non-empty list")
     routes = []
     for i, r in enumerate(raw_routes):
-        route = section(_route_at, i, r, upstreams, policies)
+        route = section(_route_at, i, r, upstreams, policies, base_dir)
         if route is not None:
             routes.append(route)
     return tuple(routes)
 
 
 def _route_at(
-    index: int, raw: Any, upstreams: Mapping[str, Any], policies: Mapping[str, Any]
+    index: int,
+    raw: Any,
+    upstreams: Mapping[str, Any],
+    policies: Mapping[str, Any],
+    base_dir: Path,
 ) -> RouteConfig:
-    keys = {"name", "match", "upstream", "policy", "history", "modes"}
-    return _route(index, Node(f"routes[{index}]", raw, keys), upstreams, policies)
+    keys = {
+        "name",
+        "match",
+        "upstream",
+        "policy",
+        "history",
+        "modes",
+        "compaction",
+        "compaction_summarizer",
+    }
+    return _route(index, Node(f"routes[{index}]", raw, keys), upstreams, policies, base_dir)
 
 
 def _route(
-    index: int, node: Node, config_upstreams: Mapping[str, Any], pols: Mapping[str, Any]
+    index: int,
+    node: Node,
+    config_upstreams: Mapping[str, Any],
+    pols: Mapping[str, Any],
+    base_dir: Path,
 ) -> RouteConfig:
     match = node.child("match", {"path", "model", "headers"})
     upstream = node.required_str("upstream")
@@ -288,6 +308,7 @@ def _route(
         raise ConfigError(node.at("history"), f"must be client or server, got {history!r}")
     path = match.text("path", "/v1/chat/completions") or "/v1/chat/completions"
     check_route_policy(node, path, pols[policy])
+    compaction, compaction_summarizer = route_compaction(node, base_dir, config_upstreams)
     return RouteConfig(
         name=node.text("name") or f"routes[{index}]",
         match=RouteMatch(path=path, model=match.text("model"), headers=match.str_map("headers")),
@@ -295,6 +316,8 @@ def _route(
         policy=policy,
         history="server" if history == "server" else "client",
         modes=route_modes(node),
+        compaction=compaction,
+        compaction_summarizer=compaction_summarizer,
     )
 
 
@@ -358,7 +381,7 @@ def _parse(data: Any, source: str | None, base_dir: Path) -> Config | None:
         if spec is not None:
             policies[str(name)] = spec
     policy_names: Mapping[str, Any] = {**{str(n): None for n in raw_policies}, **policies}
-    routes = section(lambda: _routes(root.raw("routes"), upstream_names, policy_names))
+    routes = section(lambda: _routes(root.raw("routes"), upstream_names, policy_names, base_dir))
     logging = section(lambda: _logging(root.child("logging", {"level", "format"})))
     store = section(lambda: store_config(root.child("store", STORE_KEYS)))
     coordination = section(

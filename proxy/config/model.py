@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from policies.modes import ModeRule
-from policies.types import PolicySpec
+from policies.types import PolicySpec, SummarizerSpec
 
 ENV_PREFIX = "os.environ/"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -140,6 +140,10 @@ class RouteMatch:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+# A compaction summary stands for a whole conversation: a longer answer than a policy's.
+COMPACTION_SUMMARIZER = SummarizerSpec(max_tokens=1000)
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     name: str
@@ -149,6 +153,13 @@ class RouteConfig:
     history: Literal["client", "server"] = "client"
     # How a request may switch between the context modes (None: it may not).
     modes: ModesConfig | None = None
+    # Who answers compaction (a compaction_trigger, /v1/responses/compact,
+    # context_management): "auto" passes it to OpenAI's own API and answers it in
+    # the proxy for every other upstream (docs/compaction.md).
+    compaction: Literal["auto", "proxy", "upstream", "off"] = "auto"
+    # Who writes the proxy's compaction summaries (default: the request's model
+    # on the route's upstream; the offline extractive summary when it fails).
+    compaction_summarizer: SummarizerSpec = COMPACTION_SUMMARIZER
 
 
 @dataclass(frozen=True)

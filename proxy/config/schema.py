@@ -270,6 +270,17 @@ MODES_SCHEMA = obj(
     },
 )
 
+SUMMARIZER = obj(
+    "Who writes the summary.",
+    {
+        "model": text("Default: the request's model; ctxproxy/extractive: offline stand-in."),
+        "upstream": text("A key of upstreams (default: the route's)."),
+        "max_tokens": integer("The summary's length.", 16),
+        "prompt_file": text("Instructions replacing the built-in prompt; relative to this file."),
+        "timeout_s": number("Longest wait; then the request is trimmed instead."),
+    },
+)
+
 ROUTE = obj(
     "A route: the first whose match fits the request serves it.",
     {
@@ -293,6 +304,17 @@ ROUTE = obj(
             "server",
         ),
         "modes": MODES_SCHEMA,
+        "compaction": choice(
+            "Who answers compaction: auto (OpenAI's API for api.openai.com, else the proxy).",
+            "auto",
+            "proxy",
+            "upstream",
+            "off",
+        ),
+        "compaction_summarizer": {
+            **SUMMARIZER,
+            "description": "Who writes the proxy's compaction summaries (default: the route's).",
+        },
     },
     required=["upstream"],
 )
@@ -356,17 +378,6 @@ TRIM_POLICY = obj(
         "recall": RECALL,
     },
     required=["strategy"],
-)
-
-SUMMARIZER = obj(
-    "Who writes the summary.",
-    {
-        "model": text("Default: the request's model; ctxproxy/extractive: offline stand-in."),
-        "upstream": text("A key of upstreams (default: the route's)."),
-        "max_tokens": integer("The summary's length.", 16),
-        "prompt_file": text("Instructions replacing the built-in prompt; relative to this file."),
-        "timeout_s": number("Longest wait; then the request is trimmed instead."),
-    },
 )
 
 SUMMARIZE_POLICY = obj(

@@ -11,11 +11,11 @@ import re
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from policies.modes import MODES, ModeRule
 from policies.types import PolicySpec, SummarizerSpec, SummarizeSpec
-from proxy.config.model import ModesConfig
+from proxy.config.model import COMPACTION_SUMMARIZER, ModesConfig
 from proxy.config.node import Node
 from proxy.config.recall import recall_spec
 from proxy.errors import ConfigError
@@ -92,7 +92,31 @@ def summarize_policy(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -
     )
 
 
-def _summarizer(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> SummarizerSpec:
+COMPACTION_MODES = ("auto", "proxy", "upstream", "off")
+
+
+def route_compaction(
+    node: Node, base_dir: Path, upstreams: Mapping[str, Any]
+) -> tuple[Literal["auto", "proxy", "upstream", "off"], SummarizerSpec]:
+    """A route's ``compaction`` (who answers it) and ``compaction_summarizer``."""
+    mode = node.text("compaction", "auto")
+    if mode not in COMPACTION_MODES:
+        raise ConfigError(
+            node.at("compaction"), f"must be auto, proxy, upstream or off, got {mode!r}"
+        )
+    summarizer = COMPACTION_SUMMARIZER
+    if node.has("compaction_summarizer"):
+        child = node.child("compaction_summarizer", set(SUMMARIZER_KEYS))
+        summarizer = _summarizer(child, base_dir, upstreams, COMPACTION_SUMMARIZER)
+    return cast(Literal["auto", "proxy", "upstream", "off"], mode), summarizer
+
+
+def _summarizer(
+    node: Node,
+    base_dir: Path,
+    upstreams: Mapping[str, Any],
+    d: SummarizerSpec = SummarizerSpec(),  # noqa: B008 (frozen: shared safely)
+) -> SummarizerSpec:
     upstream = node.text("upstream")
     if upstream is not None and upstream not in upstreams:
         raise ConfigError(node.at("upstream"), f"names no configured upstream: {upstream!r}")
@@ -109,7 +133,6 @@ def _summarizer(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> Sum
             ) from exc
         if not prompt.strip():
             raise ConfigError(node.at("prompt_file"), f"{str(path)!r} is empty")
-    d = SummarizerSpec()
     return SummarizerSpec(
         model=node.text("model"),
         upstream=upstream,

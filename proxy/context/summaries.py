@@ -103,6 +103,9 @@ class SummaryContext:
     chains: ChainPaths | None = None
     # Token counts of ``messages`` by position, when known (the plan counts no message again).
     sizes: Sequence[int] | None = None
+    # The chat message each of ``messages`` reads as, for the summarizer's transcript
+    # (Responses items); None: they are chat messages.
+    view: Callable[[Message], Message] | None = None
 
     @functools.cached_property
     def paths(self) -> list[str] | None:
@@ -145,6 +148,16 @@ _Key = tuple[SessionRef, int, str]
 _Result = StoredSummary | SummaryFailed
 
 
+@dataclass(frozen=True)
+class Made:
+    """A summary a request asked for: stored (or why not), whether it joined a call
+    in progress, and how long it waited (None: no call was waited for)."""
+
+    result: _Result
+    joined: bool
+    wait_ms: float | None
+
+
 class SummaryService:
     def __init__(
         self,
@@ -181,7 +194,7 @@ class SummaryService:
         shows as the fallback with status ``needed``.
         """
         paths = ctx.paths
-        states = await self._states(ctx.ref, paths) if ctx.ref and paths else []
+        states = await self.states(ctx.ref, paths) if ctx.ref and paths else []
         memo_key = self._key(ctx, paths, len(ctx.messages), states)
         known = (
             self.memo.view(ctx.ref, memo_key)
@@ -214,20 +227,8 @@ class SummaryService:
         if dry_run:
             marked = dataclasses.replace(backup, extra={**backup.extra, "summary_needed": True})
             return SummaryOutcome(marked, "needed")
-        key = (ctx.ref, task.start_unit, paths[task.end - 1])
-        running = self._inflight.get(key)
-        joined = running is not None
-        if running is None:
-            if not self.breaker.allow(ctx.route):
-                # The circuit is open: no call, straight to the fallback.
-                return SummaryOutcome(backup, "fallback", fallback="summarizer_unavailable")
-            running = self._start(key, ctx, task, paths)
-        started = time.perf_counter()
-        try:
-            result = await asyncio.wait_for(asyncio.shield(running), ctx.spec.summarizer.timeout_s)
-        except TimeoutError:
-            result = SummaryFailed("timeout", "the request stopped waiting")
-        wait_ms = (time.perf_counter() - started) * 1000
+        made = await self.made(ctx, task, paths)
+        result, wait_ms = made.result, made.wait_ms
         if isinstance(result, SummaryFailed):
             reason = f"summarizer_{result.reason}"
             return SummaryOutcome(backup, "fallback", fallback=reason, wait_ms=wait_ms)
@@ -237,8 +238,28 @@ class SummaryService:
         except ContextTooLong:
             # The summary itself does not fit the budget: trimming alone does.
             return SummaryOutcome(backup, "fallback", fallback="summary_too_long", wait_ms=wait_ms)
-        status = "waited" if joined else "created"
+        status = "waited" if made.joined else "created"
         return SummaryOutcome(decision, status, wait_ms=wait_ms, summary_id=result.id)
+
+    async def made(self, ctx: SummaryContext, task: SummaryTask, paths: Sequence[str]) -> Made:
+        """The summary ``task`` asks for, made once per range (a call in progress is
+        joined), waited for within the summarizer's timeout; a failure is returned,
+        an open circuit as ``unavailable`` with no call. ``ctx`` has a session."""
+        assert ctx.ref is not None
+        key = (ctx.ref, task.start_unit, paths[task.end - 1])
+        running = self._inflight.get(key)
+        joined = running is not None
+        if running is None:
+            if not self.breaker.allow(ctx.route):
+                # The circuit is open: no call, straight to the fallback.
+                return Made(SummaryFailed("unavailable", "the circuit is open"), False, None)
+            running = self._start(key, ctx, task, paths)
+        started = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(running), ctx.spec.summarizer.timeout_s)
+        except TimeoutError:
+            result = SummaryFailed("timeout", "the request stopped waiting")
+        return Made(result, joined, (time.perf_counter() - started) * 1000)
 
     def prefetch_after(self, ctx: SummaryContext, reply: Message, reply_hash: str) -> None:
         """After the answer: prepare the next summary in the background if it will be needed."""
@@ -267,7 +288,7 @@ class SummaryService:
         assert ctx.ref is not None and ctx.hashes is not None
         messages = [*ctx.messages, reply]
         hashes = [*ctx.hashes, reply_hash]
-        states = await self._states(ctx.ref, paths)
+        states = await self.states(ctx.ref, paths)
         memo_key = self._key(ctx, paths, len(messages), states)
         if memo_key is not None and self.memo.idle(ctx.ref, memo_key):
             return  # planned before: nothing to make
@@ -291,7 +312,7 @@ class SummaryService:
             return None
         return plan_key(paths[-1], n, ctx.spec, ctx.budget, ctx.model, states)
 
-    async def _states(self, ref: SessionRef, paths: Sequence[str]) -> list[SummaryState]:
+    async def states(self, ref: SessionRef, paths: Sequence[str]) -> list[SummaryState]:
         return self._stored.states(await self.store.summaries_for(ref, paths), paths)
 
     def _start(
@@ -370,21 +391,23 @@ class SummaryService:
         summarizer = ctx.summarizer()
         fields["counted"] = summarizer.model != EXTRACTIVE_MODEL  # offline: never "down"
         previous = task.previous
+        shown = viewed(ctx.messages, task.source, ctx.view)
         output = await summarizer.summarize(
             SummaryRequest(
                 previous=previous.text if previous is not None else None,
-                transcript=transcript(ctx.messages, task.source),
+                transcript=transcript(shown, task.source),
                 max_tokens=task.max_tokens,
             )
         )
         if fields.pop("counted"):
             self.breaker.success(ctx.route)  # it answered (what follows is ours)
-        source = [message_text(ctx.messages[i]) for i in task.source]
+        source = [message_text(shown[i]) for i in task.source]
         if previous is not None:
             source += [previous.text, *(f.value for f in previous.facts)]
         flagged = unsupported(output.text, "\n".join(source))
         covered = [
-            MessageIn(dict(m), h, str(m.get("role")), token_count=ctx.count(m))
+            # An item's role is a message's role, else its type (as the Responses door stores it).
+            MessageIn(dict(m), h, str(m.get("role") or m.get("type")), token_count=ctx.count(m))
             for m, h in zip(ctx.messages[: task.end], ctx.hashes[: task.end], strict=True)
         ]
         stored = await self.store.save_summary(
@@ -412,6 +435,20 @@ class SummaryService:
         ms = round((time.perf_counter() - started) * 1000, 2)
         log.warning("summary_failed", reason=exc.reason, detail=exc.detail, ms=ms, **fields)
         return exc
+
+
+def viewed(
+    messages: Sequence[Message],
+    indexes: Sequence[int],
+    view: Callable[[Message], Message] | None,
+) -> Sequence[Message]:
+    """``messages`` with those at ``indexes`` as ``view`` shows them (no view: as they are)."""
+    if view is None:
+        return messages
+    shown = list(messages)
+    for i in indexes:
+        shown[i] = view(messages[i])
+    return shown
 
 
 def build_summarizer(

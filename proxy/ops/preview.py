@@ -21,6 +21,7 @@ from policies.types import Decision
 from proxy.chat.pipeline import ChatExchange
 from proxy.context.tokens import counter_for
 from proxy.http.body import parse_object, read_body
+from proxy.responses.compaction import CompactingExchange
 from proxy.responses.pipeline import ResponsesExchange
 from proxy.runtime import Runtime
 from proxy.telemetry.cache_usage import estimate_cached
@@ -79,7 +80,8 @@ def cache_estimate(
 def _exchange(rt: Runtime, request: Request, body: dict[str, Any]) -> ChatExchange:
     """The pipeline the body is for: Responses (``input``) or chat (``messages``, the default)."""
     if "messages" not in body and ("input" in body or "previous_response_id" in body):
-        exchange = ResponsesExchange(rt, request)
+        # Compaction items expanded as for the request itself (nothing is compacted here).
+        exchange = CompactingExchange(rt, request)
         exchange.body = body
         return exchange
     return ChatExchange(rt, request)

@@ -31,8 +31,10 @@ from proxy.context.model_info import context_window
 from proxy.context.tokens import TiktokenCounter, counter_for
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 
-# Fields of a stored item that say where it came from, not what it says.
-_DECORATION = frozenset({"status"})
+# Fields of a stored item that say where it came from, not what it says: its status,
+# and the metadata Codex attaches to each item it resends (turn id, creation time),
+# which the model's own output item never had.
+_DECORATION = frozenset({"status", "internal_chat_message_metadata_passthrough"})
 
 
 def input_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -55,11 +57,11 @@ def input_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def item_hash(item: Mapping[str, Any]) -> str:
-    """An item's identity in the store: its JSON without empty fields or status.
+    """An item's identity in the store: its JSON without empty fields or decoration.
 
     SDKs resend earlier output items with ``null`` and empty fields filled in
-    (or left out) and with the status they had, so none of those make an item
-    a different one.
+    (or left out), with the status they had, and Codex with its own metadata,
+    so none of those make an item a different one.
     """
     data = orjson.dumps(_canonical(item, top=True), option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(b"item:" + data, digest_size=16).hexdigest()

@@ -62,7 +62,7 @@ from proxy.responses.items import (
 )
 from proxy.responses.previous_id import PutBackStream, put_back
 from proxy.responses.replay import Replay, ids_of, replay
-from proxy.responses.stream import ResponseAssembler, response_from_body
+from proxy.responses.stream import LineRewrite, ResponseAssembler, response_from_body
 from proxy.runtime import Runtime
 from proxy.store.base import (
     ExchangeResult,
@@ -95,6 +95,8 @@ def previous_not_found(response_id: str) -> InvalidRequest:
 
 class ResponsesExchange(ChatExchange):
     endpoint = "/v1/responses"
+    # The path a route is matched on (another endpoint may be served by this one's route).
+    route_path = "/v1/responses"
 
     def __init__(self, rt: Runtime, request: Request) -> None:
         super().__init__(rt, request)
@@ -107,6 +109,12 @@ class ResponsesExchange(ChatExchange):
         self.item_hashes: list[str] = []
         self.replay: Replay | None = None
         self.response_id: str | None = None
+        # The input was rewritten before the policy (compaction items expanded).
+        self.rewritten = False
+        # A compaction is answered here: no policy or recall over its conversation.
+        self.compacting = False
+        # Body fields never forwarded (the chain goes as explicit input).
+        self.unforwarded = frozenset({"previous_response_id"})
 
     @property
     def previous_unknown(self) -> bool:
@@ -131,13 +139,13 @@ class ResponsesExchange(ChatExchange):
             raise InvalidRequest("'model' is required and must be a string.", param="model")
         self.model = model
         self.stream = body.get("stream") is True
-        items = input_items(body)
-        self.route = rt.router.match(self.endpoint, model, self.request.headers)
+        self.route = rt.router.match(self.route_path, model, self.request.headers)
         found = find_session(rt.config.session, self.request.headers, body)
         self.key, self.session_source = found.key, found.source
         chain = await self._previous_chain(body.get("previous_response_id"))
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
         self.chain = chain
+        items = await self._input(body)
         self.chain_len = len(chain)
         self.conversation = [stored.message for stored in chain] + items
         self.item_hashes = [stored.content_hash for stored in chain] + list(map(item_hash, items))
@@ -146,11 +154,13 @@ class ResponsesExchange(ChatExchange):
             await counter_for(model).precount(map(chat_view, self.conversation))
         # An unknown previous response: the upstream holds the context, the
         # input alone is not it, so there is nothing here to trim.
-        spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
+        unknown = self.previous_unknown or self.compacting
+        spec = NoneSpec() if unknown else rt.config.policies[self.route.policy]
         started = time.perf_counter()
         self.decision = decide(
             spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
         )
+        self.decision = self._decided(self.decision)
         self.policy_s = time.perf_counter() - started
         self.stable_prefix = measure_stable_prefix(
             rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock
@@ -173,6 +183,14 @@ class ResponsesExchange(ChatExchange):
                 shape=ItemShape(self.conversation),
             )
         return self.decision
+
+    async def _input(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The request's input items, as the policy takes them (route and session known)."""
+        return input_items(body)
+
+    def _decided(self, decision: Decision) -> Decision:
+        """The policy's decision as forwarded (before recall)."""
+        return decision
 
     async def _previous_chain(self, value: object) -> list[StoredItem]:
         if value is None:
@@ -242,7 +260,8 @@ class ResponsesExchange(ChatExchange):
         hinted = config.base_url is not None and not self.previous_unknown
         self.cache = cache_hints(config, self.ref, body, []) if hinted else None
         key = self.cache.prompt_cache_key if self.cache is not None else None
-        if self.previous is None and not d.changed and not self.replay.changed:
+        unchanged = not d.changed and not self.replay.changed and not self.rewritten
+        if self.previous is None and unchanged:
             # The client's bytes are sacred: nothing to rewrite, forward them as they
             # came (with the session's prompt_cache_key, the one documented addition).
             if key is None:
@@ -251,7 +270,7 @@ class ResponsesExchange(ChatExchange):
                 **body,
                 "prompt_cache_key": key,
             }
-        out = {k: v for k, v in body.items() if k != "previous_response_id"}
+        out = {k: v for k, v in body.items() if k not in self.unforwarded}
         out["input"] = self.replay.items
         if key is not None:
             out["prompt_cache_key"] = key
@@ -263,8 +282,8 @@ class ResponsesExchange(ChatExchange):
         except ProxyError as error:
             self._finish_failed(error.status, error, upstream_status=response.status)
             return error_response(error, self._headers())
-        if self.previous is not None and response.status == 200:
-            content = put_back(content, self.previous.id)  # sent as input: say it continued
+        if response.status == 200:
+            content = self._answered(content)
         answer = response_from_body(content) if response.status == 200 else None
         if answer is not None:
             self._adopt(answer)  # its session, for the headers
@@ -286,8 +305,7 @@ class ResponsesExchange(ChatExchange):
 
     def _relay_stream(self, response: UpstreamResponse) -> Response:
         assembler = ResponseAssembler()
-        # A chain sent as input: its events say which response it continued.
-        put_back = PutBackStream(self.previous.id) if self.previous is not None else None
+        put_back = self._answering()
 
         async def relay() -> AsyncIterator[bytes]:
             error: ProxyError | None = None
@@ -331,6 +349,17 @@ class ResponsesExchange(ChatExchange):
         out.raw_headers = relay_headers(response.headers, self._headers())
         return out
 
+    def _answered(self, content: bytes) -> bytes:
+        """The upstream's answer as the client gets it."""
+        if self.previous is not None:
+            return put_back(content, self.previous.id)  # sent as input: say it continued
+        return content
+
+    def _answering(self) -> LineRewrite | None:
+        """What rewrites the upstream's stream for the client, line by line (None: nothing)."""
+        # A chain sent as input: its events say which response it continued.
+        return PutBackStream(self.previous.id) if self.previous is not None else None
+
     # -- the record -------------------------------------------------------------
 
     def _adopt(self, answer: dict[str, Any]) -> bool:
@@ -365,7 +394,10 @@ class ResponsesExchange(ChatExchange):
         storable = self._adopt(answer)
         status = answer.get("status")
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        record = self._close(200, 200, usage, incomplete or status == "incomplete", error, release)
+        # An answer the proxy made itself (a compaction) had no upstream.
+        upstream_status = 200 if self.upstream_ms is not None else None
+        incomplete = incomplete or status == "incomplete"
+        record = self._close(200, upstream_status, usage, incomplete, error, release)
         if isinstance(status, str):
             record.detail["response_status"] = status
         if not storable or self.response_id is None or self.key is None:

@@ -8,7 +8,7 @@ or, for a stream cut short, what had finished by then.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -18,6 +18,14 @@ from proxy.chat.stream import SSEParser
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Events that carry the response as it starts.
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+class LineRewrite(Protocol):
+    """Rewrites a stream for the client as it passes: whole lines out, a partial one held."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
 
 
 class ResponseAssembler:

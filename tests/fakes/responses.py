@@ -16,7 +16,9 @@ that replays badly fails here as it would there:
 - an output item it linked to a reasoning item, sent without that item right
   before it: 400 "... was provided without its required 'reasoning' item";
 - a ``function_call`` without its ``function_call_output``, or an output
-  without its call (unless the call is in the previous response): 400.
+  without its call (unless the call is in the previous response): 400;
+- a ``compaction`` or ``compaction_trigger`` item: 400, as an upstream that is
+  not OpenAI's answers (unless ``compaction`` is set).
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ class FakeResponses:
     links: dict[str, str] = field(default_factory=dict)
     last_response: bytes = b""
     events_sent: int = 0
+    # Whether it reads compaction items (as OpenAI's API does); else a 400, as any other.
+    compaction: bool = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/responses", self.create)
+        app.router.add_post("/v1/responses/compact", self.compact)
         app.router.add_get("/v1/responses/{id}", self.retrieve)
         app.router.add_delete("/v1/responses/{id}", self.delete)
         app.router.add_get("/v1/responses/{id}/input_items", self.input_items)
@@ -98,6 +103,22 @@ class FakeResponses:
         return rec
 
     # -- POST ---------------------------------------------------------------
+
+    async def compact(self, request: web.Request) -> web.Response:
+        """OpenAI's /responses/compact, when the fake reads compaction (else a 404)."""
+        body = (await self._record(request)).json
+        if not self.compaction or not isinstance(body, dict):
+            return _error(404, "Not found", None, None)
+        users = [i for i in _items(body.get("input")) if i.get("role") == "user"]
+        item = {"id": f"cmp_{next(self.ids)}", "type": "compaction", "encrypted_content": "gAAAA"}
+        answer = {
+            "id": f"resp_{next(self.ids)}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*users, item],
+            "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+        }
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = (await self._record(request)).json
@@ -135,6 +156,10 @@ class FakeResponses:
             }
         for n, item in enumerate(items):
             kind = item.get("type", "message")
+            if kind in ("compaction", "compaction_trigger") and not self.compaction:
+                # As an upstream that is not OpenAI's: it knows neither item.
+                message = f"Invalid value: '{kind}'. Supported values are: 'message', ..."
+                return _error(400, message, f"input[{n}].type", "invalid_value")
             if kind == "reasoning" and not item.get("encrypted_content"):
                 message = f"Item with id '{item.get('id')}' not found. Items are not persisted when `store` is set to false."
                 return _error(404, message, "input", None)

@@ -330,6 +330,9 @@
       out.push(h("span", { class: "badge f-summarized-b", text: `summary ${q.summarized.status}` }));
     }
     if (q.fallback) out.push(h("span", { class: "badge warn", text: `fallback: ${q.fallback}` }));
+    const c = q.compaction;
+    if (c && c.status) out.push(h("span", { class: `badge ${c.fallback ? "warn" : "f-summarized-b"}`, text: `compaction ${c.status}` }));
+    else if (c && c.expanded) out.push(h("span", { class: "badge f-summary-b", text: "compaction expanded" }));
     if (q.recalled && q.recalled.turns) out.push(h("span", { class: "badge f-recalled-b", text: `${q.recalled.turns} recalled` }));
     if (q.recalled && q.recalled.status === "error") out.push(h("span", { class: "badge warn", text: "recall error" }));
     if (q.masked && q.masked.length) out.push(h("span", { class: "badge f-masked-b", text: `${q.masked.length} masked` }));
@@ -502,6 +505,18 @@
         h("td", { class: "num", "data-field": "after", text: num(t.after) }))));
   }
 
+  // What the proxy did at a compaction (the request row's detail.compaction).
+  function compactionText(c) {
+    if (!c) return "–";
+    const parts = [];
+    if (c.asked) parts.push(`${c.asked} (${c.mode || "?"})`);
+    if (c.status) parts.push(`${c.status}${c.fallback ? `: ${c.fallback}` : ""}, ${num(c.covered_items)} items folded${c.incremental ? ", incremental" : ""}`);
+    if (c.expanded) parts.push(`${c.expanded} item(s) expanded`);
+    if (c.restored) parts.push(`${c.restored} folded turns kept for recall`);
+    if (c.foreign_dropped) parts.push(`${c.foreign_dropped} foreign item(s) taken out`);
+    return parts.join("; ") || "–";
+  }
+
   function renderDetail(ctx) {
     const s = state.session;
     const q = ctx.request;
@@ -518,6 +533,7 @@
       ["Mode", q.mode || "–"],
       ["Summary", sm ? `${sm.status}${typeof sm.wait_ms === "number" ? `, waited ${ms(sm.wait_ms)}` : ""}` : "–"],
       ["Fallback", q.fallback || "–"],
+      ["Compaction", compactionText(q.compaction)],
       ["Dropped", q.dropped.messages ? `${q.dropped.messages} messages, ${q.dropped.turns} turns (${q.dropped.reason || "–"})` : "nothing"],
       ["Latency", `${ms(q.latency_ms.total)} total, ${ms(q.latency_ms.upstream)} upstream`],
       ["Messages", `${num(q.messages.before)} → ${num(q.messages.after)}`],
