@@ -46,6 +46,8 @@ PREFIX = f"ctxproxy.compaction.v{VERSION}:"
 # Not a secret: a checksum that only this format's writer computes this way.
 _CHECK_KEY = b"ctxproxy-compaction"
 TRIGGER = "compaction_trigger"
+# The most a payload may inflate to (a summary is a few KB).
+MAX_PAYLOAD = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -120,27 +122,44 @@ def decode(content: str, where: str = "input") -> CompactionPayload:
     if not body or _check(body.encode()) != check:
         raise damaged
     try:
-        data = orjson.loads(
-            zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        )
+        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        # Bounded: a crafted payload (its checksum is no secret) inflates no further.
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, MAX_PAYLOAD)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise damaged
+        data = orjson.loads(raw)
     except (ValueError, zlib.error) as exc:
         raise damaged from exc
-    if (
-        not isinstance(data, dict)
-        or data.get("v") != VERSION
-        or not isinstance(data.get("summary"), str)
-    ):
+    if not isinstance(data, dict) or data.get("v") != VERSION:
         raise damaged
-    facts = tuple(f for f in data.get("facts") or () if isinstance(f, dict))
+    summary, facts = data.get("summary"), data.get("facts") or []
+    items, created = data.get("items", 0), data.get("created_at", 0)
+    if not isinstance(summary, str) or not isinstance(facts, list):
+        raise damaged
+    if not _count(items) or not _count(created):
+        raise damaged
     return CompactionPayload(
-        summary=data["summary"],
-        facts=facts,
-        items=int(data.get("items") or 0),
-        covers=data.get("covers") if isinstance(data.get("covers"), str) else None,
-        summary_id=data.get("summary_id") if isinstance(data.get("summary_id"), int) else None,
-        model=data.get("model") if isinstance(data.get("model"), str) else None,
-        created_at=int(data.get("created_at") or 0),
+        summary=summary,
+        facts=tuple(f for f in facts if isinstance(f, dict) and _strings(f)),
+        items=items,
+        covers=_text(data.get("covers")),
+        summary_id=data.get("summary_id") if _count(data.get("summary_id")) else None,
+        model=_text(data.get("model")),
+        created_at=created,
     )
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _strings(fact: Mapping[str, Any]) -> bool:
+    return all(isinstance(k, str) and isinstance(v, str) for k, v in fact.items())
 
 
 @dataclass(frozen=True)
