@@ -215,19 +215,20 @@ def expand(
             continue
         if kind == "compaction" and is_own(item):
             payload = decode(str(item["encrypted_content"]), f"input[{i}]")
-            if (
-                payload.covers is not None
-                and hashes
-                and chain_path_hashes(hashes)[-1] == payload.covers
-            ):
-                # The client kept what the item stands for: folded into it, as forwarded before.
-                kept = [j for j, o in enumerate(out) if _pinned(o)]
-                folded += len(out) - len(kept)
-                out, hashes = [out[j] for j in kept], [hashes[j] for j in kept]
             message = payload.message()
-            out.append(message)
-            hashes.append(hash_of(message))
-            previous = payload.state(len(out))
+            at = covered_at(hashes, payload)
+            if at is None:
+                out.append(message)
+                hashes.append(hash_of(message))
+                previous = payload.state(len(out))
+            else:
+                # The client kept what the item stands for (first ``at`` items): folded into
+                # the summary, in their place, as it was forwarded when it was made.
+                kept = [j for j in range(at) if _pinned(out[j])]
+                folded += at - len(kept)
+                out = [*(out[j] for j in kept), message, *out[at:]]
+                hashes = [*(hashes[j] for j in kept), hash_of(message), *hashes[at:]]
+                previous = payload.state(len(kept) + 1)
             payloads.append(payload)
             expanded += 1
             continue
@@ -237,6 +238,18 @@ def expand(
         out.append(item)
         hashes.append(hash_of(item))
     return Expanded(out, expanded, folded, foreign, stray, previous, payloads)
+
+
+def covered_at(hashes: Sequence[str], payload: CompactionPayload) -> int | None:
+    """How many of the items (by content hash, root first) the payload covers, when they
+    are the items it was made of (None: they are not)."""
+    if payload.covers is None or not hashes:
+        return None
+    paths = chain_path_hashes(hashes)
+    n = payload.items
+    if 0 < n <= len(paths) and paths[n - 1] == payload.covers:
+        return n
+    return None
 
 
 def _pinned(item: Mapping[str, Any]) -> bool:

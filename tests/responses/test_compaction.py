@@ -593,3 +593,21 @@ def test_compaction_upstream_relays_the_compact_endpoint_to_the_upstreams_own(
     assert response.json()["output"][-1]["encrypted_content"] == "gAAAA"  # OpenAI's own
     (received,) = responses_upstream[0].received
     assert received.path == "/v1/responses/compact" and received.json == body
+
+
+def test_after_a_threshold_compaction_the_resent_history_forwards_the_same_prefix(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    sdk = client(proxy)
+    asked = [*history(), user("And the tests?")]
+    managed = [{"type": "compaction", "compact_threshold": 50}]
+    answer = sdk.responses.create(model="m", input=asked, context_management=managed)
+    first = responses_upstream[0].received[-1].json["input"]
+    # As a client continues: its input, the output (compaction item first), a new turn.
+    output = [o.model_dump(exclude_none=True) for o in answer.output]
+    follow = [*asked, *output, user("Run them.")]
+    sdk.responses.create(model="m", input=follow)
+    second = responses_upstream[0].received[-1].json["input"]
+    assert second[: len(first)] == first  # the summary in place of what it folded
+    assert second[-1] == user("Run them.")
+    assert all(i.get("type") != "compaction" for i in second)
