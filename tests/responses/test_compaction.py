@@ -611,3 +611,19 @@ def test_after_a_threshold_compaction_the_resent_history_forwards_the_same_prefi
     assert second[: len(first)] == first  # the summary in place of what it folded
     assert second[-1] == user("Run them.")
     assert all(i.get("type") != "compaction" for i in second)
+
+
+def test_a_compaction_continued_by_previous_response_id_is_expanded_from_the_store(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    sdk = client(proxy)
+    compacted = sdk.responses.create(model="m", input=[*history(), TRIGGER])
+    follow = sdk.responses.create(
+        model="m", previous_response_id=compacted.id, input=[user("Which port?")]
+    )
+    assert follow.status == "completed" and follow.previous_response_id == compacted.id
+    sent = responses_upstream[0].received[-1].json["input"]
+    # The stored chain's item became its summary, in place of the turns it covers.
+    assert [i.get("role") for i in sent] == ["developer", "user", "user"]
+    assert "fake summary 1" in json.dumps(sent[1])
+    assert sent[-1] == user("Which port?")
