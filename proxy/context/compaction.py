@@ -33,6 +33,9 @@ from proxy.context.offline_summaries import extractive
 from proxy.context.summaries import SummaryContext, SummaryService, viewed
 from proxy.context.summarizer import Summarizer, SummaryFailed, SummaryRequest
 from proxy.store.base import SessionRef, Store, chain_path_hashes
+from proxy.telemetry.logging import get_logger
+
+log = get_logger()
 
 NEXT_TURN_HASH = "ctxproxy:next-turn"
 NOTHING = "Nothing was said before this point."
@@ -184,6 +187,10 @@ async def _unstored(
     except SummaryFailed as exc:
         service.breaker.failure(given.route)
         return exc
+    except Exception as exc:  # the boundary: the client gets its item whatever failed
+        log.error("compaction_summary_error", error=repr(exc), exc_info=exc)
+        service.breaker.failure(given.route)
+        return SummaryFailed("error", repr(exc))
     service.breaker.success(given.route)
     return output.text
 
