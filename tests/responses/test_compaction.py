@@ -9,6 +9,7 @@ summarizer is a recording chat fake on its own upstream.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from redis import Redis
 
 from proxy.http.sessions import tenant_of
 from tests.fakes.responses import FakeResponses
@@ -29,6 +31,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.openapi import validate
+from tests.servers import RUN, require_postgres, require_redis
 
 TRIGGER = {"type": "compaction_trigger"}
 SESSION = {"X-Session-Id": "codex-1"}
@@ -74,6 +77,7 @@ def proxy_config(
     *,
     compaction: str | None = None,
     policy: str = "passthrough",
+    shared: dict[str, Any] | None = None,
 ) -> Any:
     route: dict[str, Any] = {
         "match": {"path": "/v1/responses"},
@@ -91,6 +95,7 @@ def proxy_config(
         routes=[route],
         policies=policies,
         extra={
+            **(shared or {}),
             "admin": {"api_key": "os.environ/CTX_COMPACTION_ADMIN_KEY"},
             "upstreams": {
                 "default": {"base_url": f"{responses.url}/v1", "timeout_s": 5},
@@ -627,3 +632,42 @@ def test_a_compaction_continued_by_previous_response_id_is_expanded_from_the_sto
     assert [i.get("role") for i in sent] == ["developer", "user", "user"]
     assert "fake summary 1" in json.dumps(sent[1])
     assert sent[-1] == user("Which port?")
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def shared_store(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """A shared store (a PostgreSQL schema or a Redis key prefix of this test's own) with
+    Redis coordination, as several instances run; removed afterwards."""
+    redis_url = require_redis()
+    prefix = f"ctxtest:{RUN}:{uuid.uuid4().hex[:8]}"
+    store: dict[str, Any] = {"url": redis_url, "key_prefix": f"{prefix}:store"}
+    if request.param == "postgres":
+        # Dropped with this run's other schemas (tests/stores.py).
+        store = {"url": require_postgres(), "schema": f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}"}
+    yield {"store": store, "coordination": {"redis_url": redis_url, "key_prefix": prefix}}
+    redis = Redis.from_url(redis_url)
+    keys = list(redis.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        redis.delete(*keys)
+    redis.close()
+
+
+def test_the_codex_flow_on_the_shared_stores(
+    start: Any,
+    shared_store: dict[str, Any],
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    fake: tuple[FakeUpstream, AiohttpServer],
+):
+    sdk = client(start(policy="recalling", shared=shared_store))
+    item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    question = user("Which grep output showed the PORT in config.py?")
+    sdk.responses.create(model="m", input=[*retained, item.model_dump(exclude_none=True), question])
+    (received,) = responses_upstream[0].received
+    sent = json.dumps(received.json["input"])
+    assert "fake summary 1" in sent and "The server listens on port 8731." in sent
+    assert "compaction" not in [i.get("type") for i in received.json["input"]]
+    # The same compaction again: the stored summary is reused, no summarizer call.
+    again = sdk.responses.with_raw_response.create(model="m", input=[*history(), TRIGGER])
+    assert again.headers["x-context-compaction"] == "reused"
+    assert len(fake[0].summarizer_requests) == 1
