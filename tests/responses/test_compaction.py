@@ -19,6 +19,7 @@ import pytest
 from openai import OpenAI
 from redis import Redis
 
+from proxy.context.compaction_item import decode
 from proxy.http.sessions import tenant_of
 from tests.fakes.responses import FakeResponses
 from tests.fakes.upstream import FakeUpstream, Reply
@@ -160,6 +161,7 @@ def test_a_trigger_is_answered_with_exactly_one_compaction_item_and_no_upstream_
     assert detail["asked"] == "trigger" and detail["mode"] == "proxy"
     assert detail["status"] == "created" and detail["item_id"] == item.id
     assert detail["covered_items"] == len(history())
+    assert detail["model"] == "small"  # the compaction summarizer's
 
 
 def test_a_streamed_trigger_is_a_well_formed_event_sequence(
@@ -379,6 +381,7 @@ def test_a_failing_summarizer_still_answers_with_the_offline_summary(
     assert response.status_code == 200
     assert response.headers["x-context-compaction"] == "fallback"
     assert response.headers["x-context-compaction-fallback"].startswith("summarizer_")
+    assert decode(response.json()["output"][0]["encrypted_content"]).model == "ctxproxy/extractive"
     (item,) = response.json()["output"]
     assert item["type"] == "compaction"
     # The extractive summary quotes the conversation: the next request carries it.
