@@ -674,3 +674,49 @@ def test_the_codex_flow_on_the_shared_stores(
     again = sdk.responses.with_raw_response.create(model="m", input=[*history(), TRIGGER])
     assert again.headers["x-context-compaction"] == "reused"
     assert len(fake[0].summarizer_requests) == 1
+
+
+def test_a_codex_shaped_trigger_is_answered_as_codex_expects(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer]
+):
+    """Codex's remote compaction v2: its request's fields and item kinds, streamed."""
+    conversation = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "sandbox"}],
+        },
+        user("Patch the retry limit to 5."),
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAreasoning"},
+        {
+            "type": "custom_tool_call",
+            "call_id": "t1",
+            "name": "apply_patch",
+            "input": "*** Begin Patch\n-RETRIES = 3\n+RETRIES = 5\n*** End Patch",
+        },
+        {"type": "custom_tool_call_output", "call_id": "t1", "output": "Success. Updated retry.py"},
+        assistant("Set RETRIES to 5 in retry.py."),
+    ]
+    body = {
+        "model": "gpt-5.1-codex",
+        "instructions": "You are Codex.",
+        "input": [*conversation, TRIGGER],
+        "tools": [{"type": "custom", "name": "apply_patch", "description": "patch"}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "019a-thread",
+    }
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        raw = http.post("/v1/responses", json=body, headers=HEADERS).text
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    done = [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"]
+    # Codex: exactly one compaction item before response.completed, which has usage.
+    assert done == ["compaction"] and kinds[-1] == "response.completed"
+    assert events[-1]["response"]["usage"]["input_tokens"] > 0
+    prompt = json.dumps(fake[0].summarizer_requests[-1].json)
+    assert "RETRIES = 5" in prompt and "Success. Updated retry.py" in prompt
