@@ -31,8 +31,17 @@ from policies.types import Budget, CountFn, Message, SummarizerSpec, SummaryStat
 from proxy.context.compaction_item import CompactionPayload, make_item
 from proxy.context.offline_summaries import extractive
 from proxy.context.summaries import SummaryContext, SummaryService, viewed
-from proxy.context.summarizer import Summarizer, SummaryFailed, SummaryRequest
+from proxy.context.summarizer import (
+    EXTRACTIVE_MODEL,
+    Summarizer,
+    SummaryFailed,
+    SummaryOutput,
+    SummaryRequest,
+)
 from proxy.store.base import SessionRef, Store, chain_path_hashes
+from proxy.telemetry.logging import get_logger
+
+log = get_logger()
 
 NEXT_TURN_HASH = "ctxproxy:next-turn"
 NOTHING = "Nothing was said before this point."
@@ -85,6 +94,7 @@ class Compaction:
         for key, value in (
             ("fallback", self.fallback),
             ("summary_id", self.summary_id),
+            ("model", self.payload.model),
             ("wait_ms", None if self.wait_ms is None else round(self.wait_ms, 2)),
         ):
             if value is not None:
@@ -120,7 +130,12 @@ async def compact(service: SummaryService, given: CompactionInput) -> Compaction
     wait_ms: float | None = None
 
     def done(
-        text: str, status: str, *, summary_id: int | None = None, fallback: str | None = None
+        text: str,
+        status: str,
+        model: str | None,
+        *,
+        summary_id: int | None = None,
+        fallback: str | None = None,
     ) -> Compaction:
         incremental = task.previous is not None
         return _answer(
@@ -134,6 +149,7 @@ async def compact(service: SummaryService, given: CompactionInput) -> Compaction
             fallback=fallback,
             wait_ms=wait_ms,
             incremental=incremental,
+            model=model,
         )
 
     failed: SummaryFailed
@@ -154,21 +170,21 @@ async def compact(service: SummaryService, given: CompactionInput) -> Compaction
         if not isinstance(made.result, SummaryFailed):
             stored = made.result
             status = "waited" if made.joined else "created"
-            return done(stored.text, status, summary_id=stored.id)
+            return done(stored.text, status, stored.model, summary_id=stored.id)
         failed = made.result
     else:
         outcome = await _unstored(service, given, messages, task)
-        if isinstance(outcome, str):
-            return done(outcome, "created")
+        if isinstance(outcome, SummaryOutput):
+            return done(outcome.text, "created", outcome.model)
         failed = outcome
     text = _offline(given, messages, task)
     reason = f"summarizer_{failed.reason}"
-    return done(text, "fallback", fallback=reason)
+    return done(text, "fallback", EXTRACTIVE_MODEL, fallback=reason)
 
 
 async def _unstored(
     service: SummaryService, given: CompactionInput, messages: Sequence[Message], task: SummaryTask
-) -> str | SummaryFailed:
+) -> SummaryOutput | SummaryFailed:
     """No session: the summarizer called directly (its breaker, its timeout), nothing stored."""
     if not service.breaker.allow(given.route):
         return SummaryFailed("unavailable", "the circuit is open")
@@ -184,8 +200,12 @@ async def _unstored(
     except SummaryFailed as exc:
         service.breaker.failure(given.route)
         return exc
+    except Exception as exc:  # the boundary: the client gets its item whatever failed
+        log.error("compaction_summary_error", error=repr(exc), exc_info=exc)
+        service.breaker.failure(given.route)
+        return SummaryFailed("error", repr(exc))
     service.breaker.success(given.route)
-    return output.text
+    return output
 
 
 def _request(
@@ -216,6 +236,7 @@ def _answer(
     fallback: str | None = None,
     wait_ms: float | None = None,
     incremental: bool = False,
+    model: str | None = None,
 ) -> Compaction:
     payload = CompactionPayload(
         summary=text,
@@ -223,7 +244,7 @@ def _answer(
         items=covered,
         covers=paths[covered - 1] if covered and paths else None,
         summary_id=summary_id,
-        model=None,
+        model=model,
         created_at=int(time.time()),
     )
     return Compaction(

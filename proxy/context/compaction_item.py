@@ -46,6 +46,8 @@ PREFIX = f"ctxproxy.compaction.v{VERSION}:"
 # Not a secret: a checksum that only this format's writer computes this way.
 _CHECK_KEY = b"ctxproxy-compaction"
 TRIGGER = "compaction_trigger"
+# The most a payload may inflate to (a summary is a few KB).
+MAX_PAYLOAD = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -120,27 +122,44 @@ def decode(content: str, where: str = "input") -> CompactionPayload:
     if not body or _check(body.encode()) != check:
         raise damaged
     try:
-        data = orjson.loads(
-            zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        )
+        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        # Bounded: a crafted payload (its checksum is no secret) inflates no further.
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, MAX_PAYLOAD)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise damaged
+        data = orjson.loads(raw)
     except (ValueError, zlib.error) as exc:
         raise damaged from exc
-    if (
-        not isinstance(data, dict)
-        or data.get("v") != VERSION
-        or not isinstance(data.get("summary"), str)
-    ):
+    if not isinstance(data, dict) or data.get("v") != VERSION:
         raise damaged
-    facts = tuple(f for f in data.get("facts") or () if isinstance(f, dict))
+    summary, facts = data.get("summary"), data.get("facts") or []
+    items, created = data.get("items", 0), data.get("created_at", 0)
+    if not isinstance(summary, str) or not isinstance(facts, list):
+        raise damaged
+    if not _count(items) or not _count(created):
+        raise damaged
     return CompactionPayload(
-        summary=data["summary"],
-        facts=facts,
-        items=int(data.get("items") or 0),
-        covers=data.get("covers") if isinstance(data.get("covers"), str) else None,
-        summary_id=data.get("summary_id") if isinstance(data.get("summary_id"), int) else None,
-        model=data.get("model") if isinstance(data.get("model"), str) else None,
-        created_at=int(data.get("created_at") or 0),
+        summary=summary,
+        facts=tuple(f for f in facts if isinstance(f, dict) and _strings(f)),
+        items=items,
+        covers=_text(data.get("covers")),
+        summary_id=data.get("summary_id") if _count(data.get("summary_id")) else None,
+        model=_text(data.get("model")),
+        created_at=created,
     )
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _strings(fact: Mapping[str, Any]) -> bool:
+    return all(isinstance(k, str) and isinstance(v, str) for k, v in fact.items())
 
 
 @dataclass(frozen=True)
@@ -196,19 +215,20 @@ def expand(
             continue
         if kind == "compaction" and is_own(item):
             payload = decode(str(item["encrypted_content"]), f"input[{i}]")
-            if (
-                payload.covers is not None
-                and hashes
-                and chain_path_hashes(hashes)[-1] == payload.covers
-            ):
-                # The client kept what the item stands for: folded into it, as forwarded before.
-                kept = [j for j, o in enumerate(out) if _pinned(o)]
-                folded += len(out) - len(kept)
-                out, hashes = [out[j] for j in kept], [hashes[j] for j in kept]
             message = payload.message()
-            out.append(message)
-            hashes.append(hash_of(message))
-            previous = payload.state(len(out))
+            at = covered_at(hashes, payload)
+            if at is None:
+                out.append(message)
+                hashes.append(hash_of(message))
+                previous = payload.state(len(out))
+            else:
+                # The client kept what the item stands for (first ``at`` items): folded into
+                # the summary, in their place, as it was forwarded when it was made.
+                kept = [j for j in range(at) if _pinned(out[j])]
+                folded += at - len(kept)
+                out = [*(out[j] for j in kept), message, *out[at:]]
+                hashes = [*(hashes[j] for j in kept), hash_of(message), *hashes[at:]]
+                previous = payload.state(len(kept) + 1)
             payloads.append(payload)
             expanded += 1
             continue
@@ -218,6 +238,18 @@ def expand(
         out.append(item)
         hashes.append(hash_of(item))
     return Expanded(out, expanded, folded, foreign, stray, previous, payloads)
+
+
+def covered_at(hashes: Sequence[str], payload: CompactionPayload) -> int | None:
+    """How many of the items (by content hash, root first) the payload covers, when they
+    are the items it was made of (None: they are not)."""
+    if payload.covers is None or not hashes:
+        return None
+    paths = chain_path_hashes(hashes)
+    n = payload.items
+    if 0 < n <= len(paths) and paths[n - 1] == payload.covers:
+        return n
+    return None
 
 
 def _pinned(item: Mapping[str, Any]) -> bool:

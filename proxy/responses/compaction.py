@@ -34,10 +34,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from policies.compaction import newest_turn, pinned
+from policies.items import kind_of
 from policies.recall import reserve
-from policies.types import Decision
+from policies.types import Decision, SummaryState
 from proxy.context.compaction import Compaction, CompactionInput, compact, folded_turns
-from proxy.context.compaction_item import TRIGGER, Expanded, expand
+from proxy.context.compaction_item import TRIGGER, Expanded, covered_at, decode, expand, is_own
 from proxy.context.model_info import context_window
 from proxy.context.summaries import build_summarizer
 from proxy.http.body import parse_object, read_body
@@ -58,6 +59,7 @@ from proxy.responses.items import ItemCounter, chat_view, input_items, item_hash
 from proxy.responses.pipeline import ResponsesExchange
 from proxy.responses.stream import LineRewrite
 from proxy.runtime import Runtime
+from proxy.store.base import StoredItem
 
 
 class _Chained:
@@ -88,6 +90,9 @@ class CompactingExchange(ResponsesExchange):
         # The stored items the input's newest compaction item stands for (see _input).
         self.folded: list[dict[str, Any]] = []
         self.previewing = False
+        # A previous response's chain: positions never forwarded, and its newest summary.
+        self.chain_hidden: set[int] = set()
+        self.chain_previous: SummaryState | None = None
 
     async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
         # A preview (lock=False) expands items but compacts nothing: no summary is made.
@@ -106,6 +111,33 @@ class CompactingExchange(ResponsesExchange):
         if self.asked.trigger and self.compaction_mode == "proxy":
             return await self._answer_trigger()
         return await self._send(self.body)
+
+    async def _previous_chain(self, value: object) -> list[StoredItem]:
+        """A stored chain with the proxy's compaction items in it (the output of a compaction
+        continued by ``previous_response_id``) as they are forwarded: each expanded in place,
+        the stored items it covers hidden (still there for recall), foreign ones hidden where
+        the proxy answers compaction. The store's items are not changed."""
+        chain = await super()._previous_chain(value)
+        assert self.route is not None  # routed first
+        mode = compaction_mode(self.route, self.rt.config.upstreams[self.route.upstream])
+        kinds = [kind_of(stored.message) for stored in chain]
+        if "compaction" not in kinds:
+            return chain
+        out = list(chain)
+        for i, stored in enumerate(chain):
+            if kinds[i] != "compaction":
+                continue
+            if not is_own(stored.message):
+                if mode == "proxy":
+                    self.chain_hidden.add(i)
+                continue
+            payload = decode(str(stored.message["encrypted_content"]), "previous_response_id")
+            out[i] = dataclasses.replace(stored, message=payload.message())
+            at = covered_at([s.content_hash for s in chain[:i]], payload)
+            if at is not None:
+                self.chain_hidden |= {j for j in range(at) if not pinned([chain[j].message])}
+            self.chain_previous = payload.state(i + 1)
+        return out
 
     async def _input(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         assert self.route is not None  # routed first
@@ -162,6 +194,7 @@ class CompactingExchange(ResponsesExchange):
         shift = offset + len(self.folded)
         if previous is not None and shift:
             previous = dataclasses.replace(previous, covers=previous.covers + shift)
+        previous = previous or self.chain_previous
         spec = route.compaction_summarizer
         model = self.model
 
@@ -260,7 +293,7 @@ class CompactingExchange(ResponsesExchange):
         """Positions never forwarded: the turns an item folded away (read back for recall),
         and a chain a threshold compaction summarized (but its system and developer messages)."""
         n = self.chain_len
-        hidden = set(range(n, n + len(self.folded)))
+        hidden = set(range(n, n + len(self.folded))) | self.chain_hidden
         if self.compaction is not None and not self.asked.trigger:
             hidden |= {i for i in range(n) if not pinned([self.conversation[i]])}
         return hidden

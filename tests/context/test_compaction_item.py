@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import zlib
+
+import orjson
 import pytest
 
 from proxy.context.compaction_item import (
+    MAX_PAYLOAD,
     PREFIX,
     CompactionPayload,
+    _check,
     decode,
     encode,
     expand,
@@ -80,3 +86,28 @@ def test_foreign_items_and_stray_triggers_are_taken_out_only_where_the_proxy_ans
     assert (dropped.foreign_dropped, dropped.stray_triggers) == (1, 1)
     assert expand(items, item_hash, keep_foreign=True).items == items
     assert not expand([USER], item_hash, keep_foreign=False).changed
+
+
+def crafted(data: bytes) -> str:
+    """Content with a valid checksum around ``data`` (the checksum is no secret)."""
+    body = base64.urlsafe_b64encode(zlib.compress(data)).rstrip(b"=")
+    return f"{PREFIX}{body.decode()}.{_check(body)}"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\0" * (MAX_PAYLOAD + 1),  # inflates past the bound: stopped there
+        orjson.dumps({"v": 1, "summary": "s", "items": "many"}),
+        orjson.dumps({"v": 1, "summary": "s", "items": True}),
+        orjson.dumps({"v": 1, "summary": 3}),
+        orjson.dumps({"v": 1, "summary": "s", "facts": "x"}),
+        orjson.dumps({"v": 2, "summary": "s"}),
+        orjson.dumps(["not", "an", "object"]),
+        b"not json",
+    ],
+    ids=["bomb", "items", "bool", "summary", "facts", "version", "array", "json"],
+)
+def test_a_crafted_payload_with_a_valid_checksum_is_a_400_never_a_500(data: bytes):
+    with pytest.raises(InvalidRequest):
+        decode(crafted(data))

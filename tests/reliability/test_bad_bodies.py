@@ -304,6 +304,20 @@ RESPONSES_BAD: dict[str, dict[str, Any]] = {
         "model": "gpt-4o",
         "input": [{"type": "function_call_output", "call_id": {"a": 1}, "output": "x"}],
     },
+    "context_management is a string": {
+        "model": "gpt-4o",
+        "input": "x",
+        "context_management": "compaction",
+    },
+    "compact_threshold is a string": {
+        "model": "gpt-4o",
+        "input": "x",
+        "context_management": [{"type": "compaction", "compact_threshold": "10"}],
+    },
+    "a damaged ctxproxy compaction item": {
+        "model": "gpt-4o",
+        "input": [{"type": "compaction", "encrypted_content": "ctxproxy.compaction.v1:AAAA.00"}],
+    },
 }
 
 
@@ -314,5 +328,10 @@ def test_each_bad_responses_body_gets_an_openai_4xx(reliable_proxy, both, sessio
     for name, body in RESPONSES_BAD.items():
         error = assert_openai_4xx(post(proxy, "/v1/responses", orjson.dumps(body), headers))
         assert error["type"] == "invalid_request_error", name
+        if "context_management" not in body:  # /compact reads no context_management
+            error = assert_openai_4xx(
+                post(proxy, "/v1/responses/compact", orjson.dumps(body), headers)
+            )
+            assert error["type"] == "invalid_request_error", name
     deep_body = b'{"model":"gpt-4o","input":' + b"[" * 300 + b"]" * 300 + b"}"
     assert_openai_4xx(post(proxy, "/v1/responses", deep_body, headers))

@@ -9,6 +9,7 @@ summarizer is a recording chat fake on its own upstream.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from redis import Redis
 
+from proxy.context.compaction_item import decode
 from proxy.http.sessions import tenant_of
 from tests.fakes.responses import FakeResponses
 from tests.fakes.upstream import FakeUpstream, Reply
@@ -29,6 +32,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.openapi import validate
+from tests.servers import RUN, require_postgres, require_redis
 
 TRIGGER = {"type": "compaction_trigger"}
 SESSION = {"X-Session-Id": "codex-1"}
@@ -74,6 +78,7 @@ def proxy_config(
     *,
     compaction: str | None = None,
     policy: str = "passthrough",
+    shared: dict[str, Any] | None = None,
 ) -> Any:
     route: dict[str, Any] = {
         "match": {"path": "/v1/responses"},
@@ -91,6 +96,7 @@ def proxy_config(
         routes=[route],
         policies=policies,
         extra={
+            **(shared or {}),
             "admin": {"api_key": "os.environ/CTX_COMPACTION_ADMIN_KEY"},
             "upstreams": {
                 "default": {"base_url": f"{responses.url}/v1", "timeout_s": 5},
@@ -155,6 +161,7 @@ def test_a_trigger_is_answered_with_exactly_one_compaction_item_and_no_upstream_
     assert detail["asked"] == "trigger" and detail["mode"] == "proxy"
     assert detail["status"] == "created" and detail["item_id"] == item.id
     assert detail["covered_items"] == len(history())
+    assert detail["model"] == "small"  # the compaction summarizer's
 
 
 def test_a_streamed_trigger_is_a_well_formed_event_sequence(
@@ -374,6 +381,7 @@ def test_a_failing_summarizer_still_answers_with_the_offline_summary(
     assert response.status_code == 200
     assert response.headers["x-context-compaction"] == "fallback"
     assert response.headers["x-context-compaction-fallback"].startswith("summarizer_")
+    assert decode(response.json()["output"][0]["encrypted_content"]).model == "ctxproxy/extractive"
     (item,) = response.json()["output"]
     assert item["type"] == "compaction"
     # The extractive summary quotes the conversation: the next request carries it.
@@ -593,3 +601,122 @@ def test_compaction_upstream_relays_the_compact_endpoint_to_the_upstreams_own(
     assert response.json()["output"][-1]["encrypted_content"] == "gAAAA"  # OpenAI's own
     (received,) = responses_upstream[0].received
     assert received.path == "/v1/responses/compact" and received.json == body
+
+
+def test_after_a_threshold_compaction_the_resent_history_forwards_the_same_prefix(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    sdk = client(proxy)
+    asked = [*history(), user("And the tests?")]
+    managed = [{"type": "compaction", "compact_threshold": 50}]
+    answer = sdk.responses.create(model="m", input=asked, context_management=managed)
+    first = responses_upstream[0].received[-1].json["input"]
+    # As a client continues: its input, the output (compaction item first), a new turn.
+    output = [o.model_dump(exclude_none=True) for o in answer.output]
+    follow = [*asked, *output, user("Run them.")]
+    sdk.responses.create(model="m", input=follow)
+    second = responses_upstream[0].received[-1].json["input"]
+    assert second[: len(first)] == first  # the summary in place of what it folded
+    assert second[-1] == user("Run them.")
+    assert all(i.get("type") != "compaction" for i in second)
+
+
+def test_a_compaction_continued_by_previous_response_id_is_expanded_from_the_store(
+    proxy: ProxyServer, responses_upstream: tuple[FakeResponses, AiohttpServer]
+):
+    sdk = client(proxy)
+    compacted = sdk.responses.create(model="m", input=[*history(), TRIGGER])
+    follow = sdk.responses.create(
+        model="m", previous_response_id=compacted.id, input=[user("Which port?")]
+    )
+    assert follow.status == "completed" and follow.previous_response_id == compacted.id
+    sent = responses_upstream[0].received[-1].json["input"]
+    # The stored chain's item became its summary, in place of the turns it covers.
+    assert [i.get("role") for i in sent] == ["developer", "user", "user"]
+    assert "fake summary 1" in json.dumps(sent[1])
+    assert sent[-1] == user("Which port?")
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def shared_store(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """A shared store (a PostgreSQL schema or a Redis key prefix of this test's own) with
+    Redis coordination, as several instances run; removed afterwards."""
+    redis_url = require_redis()
+    prefix = f"ctxtest:{RUN}:{uuid.uuid4().hex[:8]}"
+    store: dict[str, Any] = {"url": redis_url, "key_prefix": f"{prefix}:store"}
+    if request.param == "postgres":
+        # Dropped with this run's other schemas (tests/stores.py).
+        store = {"url": require_postgres(), "schema": f"ctxtest_{RUN}_{uuid.uuid4().hex[:8]}"}
+    yield {"store": store, "coordination": {"redis_url": redis_url, "key_prefix": prefix}}
+    redis = Redis.from_url(redis_url)
+    keys = list(redis.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        redis.delete(*keys)
+    redis.close()
+
+
+def test_the_codex_flow_on_the_shared_stores(
+    start: Any,
+    shared_store: dict[str, Any],
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    fake: tuple[FakeUpstream, AiohttpServer],
+):
+    sdk = client(start(policy="recalling", shared=shared_store))
+    item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    question = user("Which grep output showed the PORT in config.py?")
+    sdk.responses.create(model="m", input=[*retained, item.model_dump(exclude_none=True), question])
+    (received,) = responses_upstream[0].received
+    sent = json.dumps(received.json["input"])
+    assert "fake summary 1" in sent and "The server listens on port 8731." in sent
+    assert "compaction" not in [i.get("type") for i in received.json["input"]]
+    # The same compaction again: the stored summary is reused, no summarizer call.
+    again = sdk.responses.with_raw_response.create(model="m", input=[*history(), TRIGGER])
+    assert again.headers["x-context-compaction"] == "reused"
+    assert len(fake[0].summarizer_requests) == 1
+
+
+def test_a_codex_shaped_trigger_is_answered_as_codex_expects(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer]
+):
+    """Codex's remote compaction v2: its request's fields and item kinds, streamed."""
+    conversation = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "sandbox"}],
+        },
+        user("Patch the retry limit to 5."),
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAreasoning"},
+        {
+            "type": "custom_tool_call",
+            "call_id": "t1",
+            "name": "apply_patch",
+            "input": "*** Begin Patch\n-RETRIES = 3\n+RETRIES = 5\n*** End Patch",
+        },
+        {"type": "custom_tool_call_output", "call_id": "t1", "output": "Success. Updated retry.py"},
+        assistant("Set RETRIES to 5 in retry.py."),
+    ]
+    body = {
+        "model": "gpt-5.1-codex",
+        "instructions": "You are Codex.",
+        "input": [*conversation, TRIGGER],
+        "tools": [{"type": "custom", "name": "apply_patch", "description": "patch"}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "019a-thread",
+    }
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        raw = http.post("/v1/responses", json=body, headers=HEADERS).text
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    done = [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"]
+    # Codex: exactly one compaction item before response.completed, which has usage.
+    assert done == ["compaction"] and kinds[-1] == "response.completed"
+    assert events[-1]["response"]["usage"]["input_tokens"] > 0
+    prompt = json.dumps(fake[0].summarizer_requests[-1].json)
+    assert "RETRIES = 5" in prompt and "Success. Updated retry.py" in prompt
