@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from proxy.ops import cli
+from proxy.store.postgres import PURGED_TABLES
 from tests.servers import require_postgres
 from tests.stores import ALICE, ScratchPostgresStore, msg, req
 
@@ -46,5 +47,9 @@ async def test_sessions_list_show_and_delete_read_the_postgresql_store(
         ] == ["hi", "hello"]
         code, _, _ = run("sessions", "delete", ALICE.tenant, ALICE.key, "--config", str(config))
         assert code == 0 and await store.get_session(ALICE) is None
+        # The dead tuples' bytes: gone once purged (tests/reliability/test_deletion_purge.py).
+        code, out, err = run("sessions", "purge", "--config", str(config))
+        assert code == 0, err
+        assert out.splitlines() == [f"VACUUM (FULL) {store.schema}.{t}" for t in PURGED_TABLES]
     finally:
         await store.close()
