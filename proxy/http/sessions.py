@@ -41,11 +41,29 @@ def _tenant_hash(api_key: str) -> str:
     return hashlib.sha256(b"ctxproxy-tenant:" + api_key.encode()).hexdigest()[:24]
 
 
+def header_text(value: str) -> str:
+    """A header value as the client meant it.
+
+    HTTP gives header values as bytes and the ASGI server hands them over read
+    as Latin-1, so an id a client sent as raw UTF-8 (what most HTTP libraries
+    send for non-ASCII text) arrives as mojibake. Bytes that are valid UTF-8 are
+    read as UTF-8; anything else stays Latin-1 (a lone ``\xe9`` is ``é``).
+    """
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
 def session_key(
     config: SessionConfig, headers: Mapping[str, str], body: Mapping[str, Any]
 ) -> str | None:
     """The session id from the configured header, then the fallbacks; validated."""
     value: Any = headers.get(config.header.lower())
+    if value:
+        value = header_text(value)
     for fallback in config.fallbacks:
         if value:
             break
@@ -55,7 +73,8 @@ def session_key(
             meta = body.get("metadata")
             value = meta.get("session_id") if isinstance(meta, Mapping) else None
         elif fallback.startswith("header:"):
-            value = headers.get(fallback[len("header:") :].lower())
+            found = headers.get(fallback[len("header:") :].lower())
+            value = header_text(found) if found else found
     if value is None or value == "":
         return None
     if not isinstance(value, str):
