@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import UpstreamError
+
 
 class SSEParser:
     """Incremental SSE parser: feed raw chunks, get the ``data:`` payloads of whole events."""
@@ -153,6 +155,34 @@ class ChatReplyAssembler:
         if self._tool_calls:
             msg["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
         return msg
+
+
+def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
+    """Why a stream that has ended is not a whole answer, or None if it is one.
+
+    The client must be told in-stream: the openai SDK does not raise on a
+    missing ``[DONE]``, so a stream that simply stops reads as a whole answer.
+    """
+    if assembler.malformed:
+        return UpstreamError(
+            f"The upstream's stream had {assembler.malformed} malformed event(s).",
+            code="upstream_malformed_stream",
+        )
+    if not assembler.done:
+        return UpstreamError(
+            "The upstream's stream ended without its end marker (data: [DONE]):"
+            " the answer may be cut short.",
+            code="upstream_stream_incomplete",
+        )
+    return None
+
+
+def before_done(chunk: bytes) -> bytes:
+    """The part of ``chunk`` before its ``data: [DONE]`` event (all of it, if the
+    marker began in an earlier chunk)."""
+    marker = chunk.find(b"[DONE]")
+    start = chunk.rfind(b"data:", 0, marker) if marker >= 0 else -1
+    return chunk[:start] if start >= 0 else chunk
 
 
 def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
