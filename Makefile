@@ -63,7 +63,8 @@ bench: $(DEV)
 	$(BIN)/python bench/recall.py
 	$(BIN)/python bench/history.py
 
-# The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
+# The long reliability suite: 10,000 fuzzed bodies per endpoint (fewer for the path-id
+# ones: tests/reliability/endpoints.py), a 24 MiB message, a longer soak
 # and kill -9 load; then one table of its figures (README "Reliability").
 reliability: $(DEV)
 	rm -f .reliability.jsonl
