@@ -129,7 +129,9 @@ class ExchangeRelay(ExchangeFinish):
                     yield chunk
                 error = unfinished(assembler)
                 if error is not None:
-                    yield self._stream_error(error)
+                    event = self._stream_error(error)
+                    if not assembler.errored:  # else the client has the upstream's own
+                        yield event
             except UpstreamError as exc:
                 error = exc
                 yield self._stream_error(exc)

@@ -56,6 +56,8 @@ class ChatReplyAssembler:
         self.done = False
         self.chunks = 0
         self.malformed = 0
+        # The upstream sent an error event of its own (it reached the client as sent).
+        self.errored = False
         self.truncated = False
 
     def feed(self, chunk: bytes) -> None:
@@ -72,6 +74,7 @@ class ChatReplyAssembler:
                 self.malformed += 1
             elif "error" in event and "choices" not in event:
                 self.malformed += 1  # an in-stream error event: the reply did not finish
+                self.errored = True
             else:
                 self._event(event)
 
@@ -163,6 +166,10 @@ def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
     The client must be told in-stream: the openai SDK does not raise on a
     missing ``[DONE]``, so a stream that simply stops reads as a whole answer.
     """
+    if assembler.errored:
+        return UpstreamError(
+            "The upstream ended its stream with an error event.", code="upstream_stream_error"
+        )
     if assembler.malformed:
         return UpstreamError(
             f"The upstream's stream had {assembler.malformed} malformed event(s).",

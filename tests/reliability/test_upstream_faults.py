@@ -38,6 +38,8 @@ EXPECTED: dict[tuple[str, bool], tuple[int, str | None, str]] = {
     ("malformed_sse", True): (200, "upstream_malformed_stream", "nothing"),
     ("no_done", False): (502, "upstream_unavailable", "nothing"),
     ("no_done", True): (200, "upstream_stream_incomplete", "incomplete"),
+    ("error_event", False): (200, "upstream_invalid_response", "nothing"),
+    ("error_event", True): (200, "upstream_stream_error", "nothing"),
     ("null_content", False): (200, None, "answered"),
     ("null_content", True): (200, None, "answered"),
     ("huge", False): (200, None, "answered"),
@@ -126,7 +128,8 @@ def test_upstream_fault_reaches_the_client_as_expected_and_stores_what_it_should
         events = response.content.rstrip().split(b"\n\n")
         last = orjson.loads(events[-1][len(b"data: ") :])
         assert set(last["error"]) == {"message", "type", "param", "code"}
-        assert last["error"]["code"] == error_code
+        # The upstream's own error event reaches the client as sent, and no second one.
+        assert last["error"]["code"] == ("overloaded" if fault == "error_event" else error_code)
         assert b"data: [DONE]" not in events
         metrics = httpx.get(f"{proxy.url}/metrics").text
         assert f'code="{error_code}"' in metrics
