@@ -345,7 +345,8 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if ns.action == "request":
             return await _request(store, ns, out, err)
         if ns.action == "purge":
-            out.writelines(f"{step}\n" for step in await store.purge())
+            steps = await store.purge() or ["nothing to purge (docs/deletion.md)"]
+            out.writelines(f"{step}\n" for step in steps)
             return 0
         if (ref := await _resolve(store, ns.ids, err)) is None:
             return 1
