@@ -73,8 +73,9 @@ bench: $(DEV)
 	$(BIN)/python bench/history.py
 	$(BIN)/python bench/agents.py
 
-# The long reliability suite: 20,000 fuzzed bodies, a 24 MiB message, a longer soak
-# and kill -9 load; then one table of its figures (docs/benchmarks/reliability.md).
+# The long reliability suite: 10,000 fuzzed bodies per endpoint (fewer for the path-id
+# ones: tests/reliability/endpoints.py), a 24 MiB message, a longer soak and kill -9
+# load; then one table of its figures (docs/benchmarks/reliability.md).
 reliability: $(DEV)
 	rm -f .reliability.jsonl
 	RELIABILITY_REPORT=$(CURDIR)/.reliability.jsonl RELIABILITY_BODIES=10000 \

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat.finish import ExchangeFinish
-from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
+from proxy.chat.stream import ChatReplyAssembler, before_done, reply_from_completion, unfinished
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import ProxyError, UpstreamError
 from proxy.http.body import error_response, relay_headers
@@ -111,6 +111,12 @@ class ExchangeRelay(ExchangeFinish):
             try:
                 async for chunk in response.iter_chunks():
                     assembler.feed(chunk)
+                    if assembler.done and assembler.malformed:
+                        # The client is told before the end marker, and never gets it
+                        # (its SDK stops reading there): the turn is not stored, so
+                        # the client and the stored history agree that it failed.
+                        yield before_done(chunk)
+                        break
                     if assembler.whole and not counted:
                         counted = True
                         if assembler.size >= LONG_TEXT:
@@ -121,10 +127,14 @@ class ExchangeRelay(ExchangeFinish):
                             finished = True
                             await self._committed(self._finish_stream(assembler, None, None))
                     yield chunk
+                error = unfinished(assembler)
+                if error is not None:
+                    event = self._stream_error(error)
+                    if not assembler.errored:  # else the client has the upstream's own
+                        yield event
             except UpstreamError as exc:
-                # Headers are gone already: tell the client in-stream, as OpenAI does.
                 error = exc
-                yield b"data: " + exc.body_bytes() + b"\n\n"
+                yield self._stream_error(exc)
             finally:
                 self.rt.metrics.active_streams.dec()
                 if finished:
@@ -136,19 +146,23 @@ class ExchangeRelay(ExchangeFinish):
         out.raw_headers = relay_headers(response.headers, self._headers())
         return out
 
+    def _stream_error(self, error: ProxyError) -> bytes:
+        """Headers are gone already: the client is told in-stream, as OpenAI does."""
+        route = self.route.name if self.route is not None else "none"
+        self.rt.metrics.unfinished_streams.inc((route, error.code or error.type))
+        return b"data: " + error.body_bytes() + b"\n\n"
+
     def _finish_stream(
         self,
         assembler: ChatReplyAssembler,
         error: ProxyError | None,
         upstream: UpstreamResponse | None,
     ) -> asyncio.Future[Any] | None:
-        """Record a relayed stream: whole, cut short (stored, marked), or malformed (not)."""
-        malformed = assembler.malformed > 0 and error is None
-        if malformed:
-            error = UpstreamError(
-                f"The upstream's stream had {assembler.malformed} malformed event(s).",
-                code="upstream_malformed_stream",
-            )
+        """Record a relayed stream: whole, cut short (stored, marked), or malformed (not:
+        the client was sent an error instead of the end marker)."""
+        malformed = assembler.malformed > 0
+        if malformed and error is None:
+            error = unfinished(assembler)
         return self._finish(
             200,
             assembler.message() if assembler.chunks else None,

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import UpstreamError
+
 
 class SSEParser:
     """Incremental SSE parser: feed raw chunks, get the ``data:`` payloads of whole events."""
@@ -54,6 +56,8 @@ class ChatReplyAssembler:
         self.done = False
         self.chunks = 0
         self.malformed = 0
+        # The upstream sent an error event of its own (it reached the client as sent).
+        self.errored = False
         self.truncated = False
 
     def feed(self, chunk: bytes) -> None:
@@ -70,6 +74,7 @@ class ChatReplyAssembler:
                 self.malformed += 1
             elif "error" in event and "choices" not in event:
                 self.malformed += 1  # an in-stream error event: the reply did not finish
+                self.errored = True
             else:
                 self._event(event)
 
@@ -153,6 +158,38 @@ class ChatReplyAssembler:
         if self._tool_calls:
             msg["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
         return msg
+
+
+def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
+    """Why a stream that has ended is not a whole answer, or None if it is one.
+
+    The client must be told in-stream: the openai SDK does not raise on a
+    missing ``[DONE]``, so a stream that simply stops reads as a whole answer.
+    """
+    if assembler.errored:
+        return UpstreamError(
+            "The upstream ended its stream with an error event.", code="upstream_stream_error"
+        )
+    if assembler.malformed:
+        return UpstreamError(
+            f"The upstream's stream had {assembler.malformed} malformed event(s).",
+            code="upstream_malformed_stream",
+        )
+    if not assembler.done:
+        return UpstreamError(
+            "The upstream's stream ended without its end marker (data: [DONE]):"
+            " the answer may be cut short.",
+            code="upstream_stream_incomplete",
+        )
+    return None
+
+
+def before_done(chunk: bytes) -> bytes:
+    """The part of ``chunk`` before its ``data: [DONE]`` event (all of it, if the
+    marker began in an earlier chunk)."""
+    marker = chunk.find(b"[DONE]")
+    start = chunk.rfind(b"data:", 0, marker) if marker >= 0 else -1
+    return chunk[:start] if start >= 0 else chunk
 
 
 def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

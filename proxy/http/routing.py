@@ -8,6 +8,7 @@ from fnmatch import translate
 
 from proxy.config.model import Config, RouteConfig
 from proxy.errors import NotFound
+from proxy.http.session_lookup import header_text
 
 # A compiled glob: fnmatchcase's semantics, without its per-call cache lookup.
 Glob = Callable[[str], object]
@@ -55,7 +56,7 @@ class Router:
                 continue
             if r.model is not None and (model is None or r.model(model) is None):
                 continue
-            if any(glob(headers.get(name, "")) is None for name, glob in r.headers):
+            if any(glob(header_text(headers.get(name, ""))) is None for name, glob in r.headers):
                 continue
             return r.route
         raise NotFound(

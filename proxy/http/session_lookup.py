@@ -57,6 +57,28 @@ class FoundSession:
 NO_SESSION = FoundSession(None, None)
 
 
+def header_text(value: str) -> str:
+    """A header value as the client meant it.
+
+    HTTP gives header values as bytes and the ASGI server hands them over read
+    as Latin-1, so an id a client sent as raw UTF-8 (what most HTTP libraries
+    send for non-ASCII text) arrives as mojibake. Bytes that are valid UTF-8 are
+    read as UTF-8; anything else stays Latin-1 (a lone ``\xe9`` is ``é``).
+    """
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value read by ``header_text`` (None or empty when absent)."""
+    value = headers.get(name)
+    return header_text(value) if value else value
+
+
 def find_session(
     config: SessionConfig, headers: Mapping[str, str], body: Mapping[str, Any]
 ) -> FoundSession:
@@ -64,7 +86,7 @@ def find_session(
 
     ``headers``: lower-case names (Starlette's Headers, or a dict of them).
     """
-    value: Any = headers.get(config.header.lower())
+    value: Any = _header(headers, config.header.lower())
     if value:
         return _checked(value, config.header, "header")
     for fallback in config.fallbacks:
@@ -74,19 +96,19 @@ def find_session(
             meta = body.get("metadata")
             value = meta.get("session_id") if isinstance(meta, Mapping) else None
         elif fallback.startswith("header:"):
-            value = headers.get(fallback[len("header:") :].lower())
+            value = _header(headers, fallback[len("header:") :].lower())
         if value is not None and value != "":
             return _checked(value, fallback, fallback)
     agents = config.agents
     if agents.codex:
         for name in CODEX_HEADERS:
-            value = headers.get(name)
+            value = _header(headers, name)
             if value:
                 return _checked(value, name, f"codex:{name}")
     if agents.claude_code:
-        value = headers.get(CLAUDE_CODE_SESSION)
+        value = _header(headers, CLAUDE_CODE_SESSION)
         if value:
-            agent = headers.get(CLAUDE_CODE_AGENT)
+            agent = _header(headers, CLAUDE_CODE_AGENT)
             if agent:
                 key = value + AGENT_SEPARATOR + agent
                 return _checked(key, CLAUDE_CODE_AGENT, "claude-code:agent")

@@ -1,4 +1,4 @@
-"""`python -m proxy sessions list|show|delete|export` and `python -m proxy replay`.
+"""`python -m proxy sessions list|show|delete|export|purge` and `python -m proxy replay`.
 
 ``sessions`` works on the same store the proxy writes (read while it runs:
 SQLite in WAL mode lets readers and one writer share the file) and shows what
@@ -69,6 +69,8 @@ def add_commands(sub: Any) -> None:
             p.add_argument("--json", action="store_true", help="print the admin API's JSON")
         if name == "export":
             p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    pg = actions.add_parser("purge", help="remove what deletions left on disk (docs/deletion.md)")
+    _store_options(pg)
     rq = actions.add_parser("request", help="what one request forwarded, item by item")
     rq.add_argument("request_id", help="request id (X-Ctxproxy-Request-Id)")
     _store_options(rq)
@@ -342,10 +344,12 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 0
         if ns.action == "request":
             return await _request(store, ns, out, err)
-        found = await _resolve(store, ns.ids, err)
-        if found is None:
+        if ns.action == "purge":
+            steps = await store.purge() or ["nothing to purge (docs/deletion.md)"]
+            out.writelines(f"{step}\n" for step in steps)
+            return 0
+        if (ref := await _resolve(store, ns.ids, err)) is None:
             return 1
-        ref = found
         if ns.action == "delete":
             if not await store.delete_session(ref):
                 print(f"no session {ref.key!r} for tenant {ref.tenant}", file=err)
@@ -374,7 +378,8 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
 
     try:
-        return asyncio.run(_with_store(spec, work, read_only=ns.action != "delete"))
+        writes = ns.action in ("delete", "purge")
+        return asyncio.run(_with_store(spec, work, read_only=not writes))
     except StoreUnavailable as exc:
         where = "--db" if ns.db else f"store.path in {ns.config}"
         print(f"error: {exc} (check {where})", file=err)

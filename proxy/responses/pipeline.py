@@ -329,10 +329,19 @@ class ResponsesExchange(ChatExchange):
                         done = True
                         await self._commit(assembler.final, release=False)
                     yield rest
+                if not done:
+                    # Ended without response.completed: the client is told, not left to
+                    # take what came as the whole answer (it is kept, marked incomplete).
+                    error = UpstreamError(
+                        "The upstream's stream ended without its terminal event"
+                        " (response.completed): the answer may be cut short.",
+                        code="upstream_stream_incomplete",
+                    )
+                    yield self._unfinished(error, assembler.failed_event(error.body()))
             except UpstreamError as exc:
                 # Headers are gone already: tell the client in-stream, as OpenAI does.
                 error = exc
-                yield assembler.error_event(exc.body())
+                yield self._unfinished(exc, assembler.error_event(exc.body()))
             finally:
                 self.rt.metrics.active_streams.dec()
                 if not done:
@@ -359,6 +368,12 @@ class ResponsesExchange(ChatExchange):
         """What rewrites the upstream's stream for the client, line by line (None: nothing)."""
         # A chain sent as input: its events say which response it continued.
         return PutBackStream(self.previous.id) if self.previous is not None else None
+
+    def _unfinished(self, error: ProxyError, event: bytes) -> bytes:
+        """The in-stream event telling the client its stream did not end whole, counted."""
+        route = self.route.name if self.route is not None else "none"
+        self.rt.metrics.unfinished_streams.inc((route, error.code or error.type))
+        return event
 
     # -- the record -------------------------------------------------------------
 

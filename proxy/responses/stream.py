@@ -86,6 +86,30 @@ class ResponseAssembler:
         }
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
+    def failed_event(self, body: dict[str, Any]) -> bytes:
+        """A ``response.failed`` event for a stream that ended without its terminal event:
+        the response as it opened, failed, with the error (an ``error`` event if it never
+        opened)."""
+        if self.opening is None:
+            return self.error_event(body)
+        error = body.get("error") or {}
+        response = {
+            **self.opening,
+            "status": "failed",
+            "output": self.finished(),
+            # The spec's codes are the model's (an enum): ours leads the message.
+            "error": {
+                "code": "server_error",
+                "message": f"{error.get('code')}: {error.get('message')}",
+            },
+        }
+        event = {
+            "type": "response.failed",
+            "response": response,
+            "sequence_number": self.sequence + 1,
+        }
+        return b"event: response.failed\ndata: " + orjson.dumps(event) + b"\n\n"
+
 
 def response_from_body(body: bytes) -> dict[str, Any] | None:
     """The response object of a non-streamed answer, if it is one."""

@@ -356,6 +356,12 @@ class Store(Protocol):
         """Delete sessions last updated before ``older_than`` (TTL expiry); return how many."""
         ...
 
+    async def purge(self) -> list[str]:
+        """Remove what deletions left on disk that the deletions themselves could not
+        (PostgreSQL's dead tuples and freed page space); return the steps taken.
+        ``ctxproxy sessions purge`` runs it; docs/deletion.md says what each backend keeps."""
+        ...
+
     # -- Responses API ----------------------------------------------------------
 
     async def record_response(

@@ -292,6 +292,10 @@ class MemoryStore:
             self._drop_session(row)
             return True
 
+    async def purge(self) -> list[str]:
+        """Nothing to do: each deletion removes every key, posting and vector at once."""
+        return []
+
     async def delete_idle_sessions(self, older_than: float) -> int:
         async with self._lock:
             idle = [s for s in self._sessions.values() if s.updated_at < older_than]

@@ -53,6 +53,9 @@ from proxy.store.sqlite_summaries import covering
 
 _T = TypeVar("_T")
 
+# Every table a conversation's words reach (messages, replies, summaries, request details).
+PURGED_TABLES = ("items", "summaries", "requests", "responses", "sessions", "item_vectors")
+
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 _SESSION_INFO = """
@@ -295,6 +298,18 @@ class PostgresStore:
             return len(rows)
 
         return await self._transaction(job)
+
+    async def purge(self) -> list[str]:
+        """VACUUM FULL each table that holds conversation text: a plain VACUUM (or
+        autovacuum) unlinks dead tuples and index entries, but their bytes stay in the
+        pages' free space until reused; FULL writes each table and index anew. It holds
+        each table's ACCESS EXCLUSIVE lock while it runs: the proxy's writes wait."""
+        steps = []
+        async with self.pool.acquire() as conn:
+            for table in PURGED_TABLES:
+                await conn.execute(f"VACUUM (FULL) {table}")
+                steps.append(f"VACUUM (FULL) {self.schema or 'public'}.{table}")
+        return steps
 
     # -- Responses API ------------------------------------------------------------
 

@@ -320,6 +320,10 @@ class RedisStore:
         self._histories.forget(session)
         return bool(await self._run("DELETE_SESSION", session.tenant, session.key))
 
+    async def purge(self) -> list[str]:
+        """Nothing to do: each deletion removes every key, posting and vector at once."""
+        return []
+
     async def delete_idle_sessions(self, older_than: float) -> int:
         deleted = 0
         while True:

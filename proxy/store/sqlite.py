@@ -21,6 +21,7 @@ import aiosqlite
 import orjson
 
 from proxy.store import sqlite_jobs as jobs
+from proxy.store import sqlite_purge as purge
 from proxy.store import sqlite_summaries
 from proxy.store.base import (
     CacheBudget,
@@ -122,6 +123,8 @@ class SqliteStore:
             await db.execute("PRAGMA synchronous = NORMAL")
             await db.execute("PRAGMA foreign_keys = ON")
             await migrate(db)
+            if purge.FTS_SECURE_DELETE:
+                await db.execute(purge.ENABLE_FTS_SECURE_DELETE)
             await writer.open()
         except BaseException:
             await db.close()
@@ -374,7 +377,22 @@ class SqliteStore:
     async def _delete(self, requests: str, sessions: str, params: tuple[Any, ...]) -> list[int]:
         # Whole sessions (maybe thousands of rows): on the writer's thread, not the loop.
         job = functools.partial(jobs.delete_rows, requests, sessions, params)
-        return await self._write(job, inline=False)
+        deleted: list[int] = await self._purge(job)
+        return deleted
+
+    async def purge(self) -> list[str]:
+        """Rewrite the recall index and the file (VACUUM), then empty the WAL: what a
+        deletion leaves is already gone (proxy/store/sqlite_purge.py); this also gives
+        the free pages back to the filesystem."""
+        await asyncio.to_thread(purge.vacuum, self.path, self._busy_timeout_ms)
+        return ["FTS5 optimize items_fts", "VACUUM", "wal_checkpoint(TRUNCATE)"]
+
+    async def _purge(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """A deletion that leaves none of the deleted text on disk (proxy/store/sqlite_purge.py)."""
+        result = await self._write(functools.partial(purge.purging, job), inline=False)
+        if result:
+            await purge.truncate_wal(self.path, self._busy_timeout_ms)
+        return result
 
     # -- Responses API ----------------------------------------------------------
 
@@ -420,7 +438,7 @@ class SqliteStore:
         # A walk along the chain: on the writer's thread, not the loop.
         job = functools.partial(jobs.delete_response, tenant, response_id)
         try:
-            return await self._write(job, inline=False)
+            return await self._purge(job)
         finally:
             self._summaries.changed()
             self._items.changed()

@@ -120,6 +120,7 @@ class SqliteWriter:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT}")
+        conn.execute("PRAGMA secure_delete = ON")  # freed space zeroed: proxy/store/sqlite_purge.py
         return conn
 
     async def close(self) -> None:
@@ -373,8 +374,7 @@ def _begin(
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
-    # A failed statement may have ended the transaction already (SQLite rolls back on
-    # some errors, disk full among them).
+    # A failed statement may have ended the transaction (SQLite rolls back on some errors).
     if conn.in_transaction:
         conn.execute("ROLLBACK")
 

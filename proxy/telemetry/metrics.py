@@ -301,6 +301,14 @@ class Metrics:
         )
         r.add(self.embeddings)
         r.add(self.embedding_seconds)
+        # Streams that did not end as a whole answer (chat and Responses relays).
+        self.unfinished_streams = Counter(
+            "ctxproxy_unfinished_streams_total",
+            "Streamed answers that did not end whole (no end marker, malformed events, cut"
+            " off), by route and the error code the client was sent in-stream.",
+            ("route", "code"),
+        )
+        r.add(self.unfinished_streams)
 
     def observe_request(
         self,

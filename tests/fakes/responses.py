@@ -53,6 +53,8 @@ class RReply:
     http_status: int = 200
     # Stop a stream after this many events and drop the connection.
     break_after_events: int | None = None
+    # End a stream cleanly, but without its terminal event (response.completed).
+    no_terminal: bool = False
     chunk_delay: float = 0.0
 
 
@@ -274,6 +276,8 @@ class FakeResponses:
                 assert request.transport is not None
                 request.transport.close()
                 return resp
+            if reply.no_terminal and event["type"] == "response.completed":
+                break
             if reply.chunk_delay:
                 await asyncio.sleep(reply.chunk_delay)
             data = b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"

@@ -101,3 +101,17 @@ def test_a_remembered_match_answers_as_matching_again_would():
             assert router.match(path, model, headers).name == f"routes[{expected}]"
     with pytest.raises(NotFound):
         Router(config(routes[:1])).match("/v1/chat/completions", "gpt-4o", {})
+
+
+def test_a_header_sent_as_raw_utf8_matches_the_routes_glob_as_text():
+    routes = [
+        {"match": {"headers": {"X-App": "ユーザー*"}}, "upstream": "u"},
+        {"match": {"headers": {"X-App": "café"}}, "upstream": "u"},
+        {"match": {}, "upstream": "u"},
+    ]
+    router = Router(config(routes))
+    # What the ASGI server hands over: the header's bytes read as Latin-1.
+    raw = "ユーザー-1".encode().decode("latin-1")
+    assert router.match("/v1/chat/completions", "m", {"x-app": raw}).name == "routes[0]"
+    # Bytes that are not UTF-8 stay Latin-1: 0xE9 is é.
+    assert router.match("/v1/chat/completions", "m", {"x-app": "caf\xe9"}).name == "routes[1]"

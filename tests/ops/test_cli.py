@@ -189,6 +189,9 @@ def test_sessions_delete_removes_every_row_of_the_session(populated):
     assert code == 1 and "no session 'beta'" in err
     code, _, err = run("sessions", "show", tenant, "beta", "--db", db)
     assert code == 1 and "no session" in err
+    code, out, _ = run("sessions", "purge", "--db", db)
+    assert (code, out.splitlines()[1:]) == (0, ["VACUUM", "wal_checkpoint(TRUNCATE)"])
+    assert b"beta" not in Path(db).read_bytes()
 
 
 def test_sessions_export_writes_the_admin_apis_json_lines(populated, tmp_path):

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from proxy.ops import cli
-from tests.servers import require_postgres
+from proxy.store.postgres import PURGED_TABLES
+from tests.servers import require_postgres, require_redis
 from tests.stores import ALICE, ScratchPostgresStore, msg, req
 
 
@@ -46,5 +47,25 @@ async def test_sessions_list_show_and_delete_read_the_postgresql_store(
         ] == ["hi", "hello"]
         code, _, _ = run("sessions", "delete", ALICE.tenant, ALICE.key, "--config", str(config))
         assert code == 0 and await store.get_session(ALICE) is None
+        # The dead tuples' bytes: gone once purged (tests/reliability/test_deletion_purge.py).
+        code, out, err = run("sessions", "purge", "--config", str(config))
+        assert code == 0, err
+        assert out.splitlines() == [f"VACUUM (FULL) {store.schema}.{t}" for t in PURGED_TABLES]
     finally:
         await store.close()
+
+
+async def test_sessions_purge_on_redis_says_there_is_nothing_to_purge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CTX_TEST_REDIS", require_redis())
+    config = tmp_path / "c.yaml"
+    prefix = f"ctxtest:purge:{tmp_path.name}"
+    config.write_text(
+        yaml.safe_dump({"store": {"url": "os.environ/CTX_TEST_REDIS", "key_prefix": prefix}})
+    )
+    out, err = io.StringIO(), io.StringIO()
+    with ThreadPoolExecutor(1) as pool:
+        code = pool.submit(cli.main, ["sessions", "purge", "--config", str(config)], out, err)
+        assert code.result(60) == 0, err.getvalue()
+    assert out.getvalue() == "nothing to purge (docs/deletion.md)\n"

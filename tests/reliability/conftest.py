@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from tests.fakes.endpoints import FakeEndpoints
 from tests.fakes.responses import FakeResponses
 from tests.fakes.upstream import FakeUpstream
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config
@@ -27,24 +30,41 @@ ROUTES: list[dict[str, Any]] = [
     },
     {"match": {"path": "/v1/chat/completions"}, "upstream": "default"},
     {"match": {"path": "/v1/responses"}, "upstream": "default", "policy": "last2"},
+    # Every other /v1/... path: relayed unchanged.
+    {"match": {"path": "/v1/*"}, "upstream": "default"},
 ]
 POLICIES = {"last2": {"strategy": "trim", "max_turns": 2}}
 
 
 class Both:
-    """A chat fake and a Responses fake behind one port."""
+    """A chat fake and a Responses fake behind one port (and, for every other /v1/...
+    path, the fake of the endpoints relayed unchanged)."""
 
     def __init__(self, loop: LoopThread) -> None:
         self.chat = FakeUpstream()
         self.responses = FakeResponses()
+        self.endpoints = FakeEndpoints()
+        self._hits = 0
         app = self.chat.app()
-        for route in self.responses.app().router.routes():
-            app.router.add_route(route.method, route.resource.canonical, route.handler)  # type: ignore[union-attr]
+        app.middlewares.append(self._count)
+        for fake in (self.responses, self.endpoints):  # in order: the catch-all last
+            for route in fake.app().router.routes():
+                app.router.add_route(route.method, route.resource.canonical, route.handler)  # type: ignore[union-attr]
         self.server = AiohttpServer(loop, app)
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self._hits += 1
+        return await handler(request)
 
     @property
     def url(self) -> str:
         return self.server.url
+
+    def calls(self) -> int:
+        """Requests that reached this upstream, routed or not (a relayed answer is the
+        upstream's, even aiohttp's own 404 for a path no fake serves)."""
+        return self._hits
 
 
 @pytest.fixture

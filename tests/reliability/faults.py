@@ -23,10 +23,15 @@ FAULTS = (
     "invalid_json",
     "malformed_sse",
     "no_done",
+    "error_event",
     "null_content",
     "huge",
 )
 HUGE_CHARS = 4 * 1024 * 1024
+ERROR_EVENT = (
+    b'data: {"error": {"message": "overloaded", "type": "server_error", "param": null,'
+    b' "code": "overloaded"}}\n\n'
+)
 HANG_S = 30.0
 
 
@@ -124,6 +129,10 @@ class FaultUpstream:
             return web.Response(body=b"<html>oops</html>", content_type="application/json")
         if fault == "null_content":
             return web.Response(body=_completion(None), content_type="application/json")
+        if fault == "error_event":  # a 200 whose body is an error, not a completion
+            return web.Response(
+                body=ERROR_EVENT[len(b"data: ") : -2], content_type="application/json"
+            )
         body = _completion("x" * HUGE_CHARS if fault == "huge" else "fine")
         if fault in ("stall_after_headers", "cut_mid_stream", "malformed_sse", "no_done"):
             # Headers and half the body, then a stall or a cut.
@@ -152,6 +161,8 @@ class FaultUpstream:
             ]
         elif fault == "null_content":
             events = [_chunk({"role": "assistant"}), _chunk({}, "stop"), b"data: [DONE]\n\n"]
+        elif fault == "error_event":  # OpenAI's in-stream error: the stream ends there
+            events = [_chunk({"role": "assistant", "content": "a"}), ERROR_EVENT]
         else:
             events = _events("x" * HUGE_CHARS if fault == "huge" else "fine answer")
         for n, event in enumerate(events):

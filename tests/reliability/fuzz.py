@@ -37,7 +37,8 @@ class Tally:
                 self.relayed_5xx += 1
             else:
                 self.failures.append(f"{status} {response.text[:200]} for {what[:300]}")
-        elif status >= 400:
+        elif status >= 400 and upstream_calls_after == upstream_calls_before:
+            # The proxy's own 4xx (a relayed one is the upstream's bytes, unchanged).
             problem = openai_error_problem(response)
             if problem:
                 self.failures.append(f"{status} {problem} for {what[:300]}")

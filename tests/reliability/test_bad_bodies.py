@@ -193,6 +193,51 @@ def test_session_id_in_a_header_with_high_latin1_bytes_round_trips(reliable_prox
     conn.close()
 
 
+def _raw_session_header(proxy: Any, raw: bytes, path: str = CHAT) -> tuple[int, str]:
+    """A request whose X-Session-Id is these bytes as they are; (status, its X-Session-Id)."""
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    body = orjson.dumps({"model": "gpt-4o", "messages": [user()]})
+    conn.putrequest("POST", path)
+    conn.putheader("content-type", "application/json")
+    conn.putheader("content-length", str(len(body)))
+    conn.putheader("x-session-id", raw)
+    conn.putheader("x-app", "server")
+    conn.putheader("authorization", "Bearer sk-header")  # anonymous requests store nothing
+    conn.endheaders(body)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response.status, response.getheader("x-session-id") or ""
+
+
+@pytest.mark.parametrize(
+    ("raw", "meant"),
+    [
+        ("ユーザー-1".encode(), "ユーザー-1"),  # raw UTF-8: what most HTTP clients send
+        ("café".encode(), "café"),
+        (b"caf\xe9", "café"),  # not UTF-8: read as Latin-1, as before
+    ],
+)
+def test_a_session_id_sent_as_raw_header_bytes_round_trips(
+    reliable_proxy, tmp_path, monkeypatch, raw, meant
+):
+    monkeypatch.setenv("CTX_HEADER_ADMIN_KEY", "adm-header-0123456789")
+    proxy = reliable_proxy(admin={"api_key": "os.environ/CTX_HEADER_ADMIN_KEY"})
+    status, echoed = _raw_session_header(proxy, raw)
+    assert status == 200
+    from urllib.parse import quote, unquote
+
+    assert unquote(echoed) == meant
+    proxy.drain()
+    rows = query(tmp_path / "ctxproxy.db", "SELECT tenant, key FROM sessions")
+    assert [r["key"] for r in rows] == [meant]
+    found = httpx.get(
+        f"{proxy.url}/admin/sessions/{rows[0]['tenant']}/{quote(meant)}",
+        headers={"Authorization": "Bearer adm-header-0123456789"},
+    )
+    assert found.status_code == 200 and found.json()["key"] == meant
+
+
 def test_a_session_shared_by_responses_then_server_history_chat_keeps_working(reliable_proxy, both):
     proxy = reliable_proxy()
     headers = {"x-session-id": "shared"}

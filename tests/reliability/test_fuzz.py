@@ -1,5 +1,6 @@
-"""Generated hostile bodies on both endpoints: no 5xx of the proxy's own, OpenAI's shape
-on every 4xx, and what was stored before is byte-identical afterwards."""
+"""Generated hostile requests on every endpoint (tests/reliability/endpoints.py): no 5xx
+of the proxy's own, OpenAI's shape on every 4xx, and what was stored before is
+byte-identical afterwards."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from tests.harness import ProxyServer, query
 from tests.reliability import bodies
 from tests.reliability.conftest import Both
+from tests.reliability.endpoints import ENDPOINTS, Endpoint
 from tests.reliability.fuzz import BODIES_PER_ENDPOINT, Tally
 from tests.reliability.report import figure
 
@@ -93,31 +95,41 @@ def _unchanged(
     assert keys_before <= {row[:3] for row in after["sessions"]}
 
 
-def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally) -> None:
+def _fuzz(proxy: ProxyServer, both: Both, endpoint: Endpoint, tally: Tally) -> None:
     client = httpx.Client(
         timeout=30, headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz"}
     )
-    upstream = both.chat.received if path.endswith("completions") else both.responses.received
+    no_body = st.none()
 
     @settings(
-        max_examples=BODIES_PER_ENDPOINT,
+        max_examples=max(1, int(BODIES_PER_ENDPOINT * endpoint.share)),
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(body=strategy, app=APPS, session=SESSIONS, coding=CODINGS)
-    def one(body: Any, app: str | None, session: str | None, coding: str | None) -> None:
-        raw = body if isinstance(body, bytes) else bodies.encode(body)
+    @given(
+        body=no_body if endpoint.bodies is None else endpoint.bodies,
+        id_=no_body if endpoint.ids is None else endpoint.ids,
+        app=APPS,
+        session=SESSIONS,
+        coding=CODINGS,
+    )
+    def one(
+        body: Any, id_: str | None, app: str | None, session: str | None, coding: str | None
+    ) -> None:
+        raw = None if body is None else body if isinstance(body, bytes) else bodies.encode(body)
         headers: dict[str, Any] = {}
-        if coding:
+        if coding and raw is not None:
             raw, headers["content-encoding"] = _encoded(raw, coding)
         if app:
             headers["x-app"] = app
         if session:
             headers["x-session-id"] = session.encode()  # type: ignore[assignment]
-        calls = len(upstream)
-        response = client.post(proxy.url + path, content=raw, headers=headers)
-        tally.check(response, calls, len(upstream), f"{path} {headers} {raw[:300]!r}")
+        calls = both.calls()
+        url = endpoint.url(proxy.url, id_)
+        response = client.request(endpoint.method, url, content=raw, headers=headers)
+        what = f"{endpoint.method} {url} {headers} {(raw or b'')[:300]!r}"
+        tally.check(response, calls, both.calls(), what)
 
     try:
         one()
@@ -125,7 +137,7 @@ def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally
         client.close()
 
 
-def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
+def test_fuzzed_requests_on_every_endpoint_get_no_500_and_leave_the_store_intact(
     reliable_proxy, both, tmp_path
 ):
     proxy = reliable_proxy()
@@ -133,20 +145,28 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
     with httpx.Client(timeout=10, headers={"authorization": "Bearer sk-fuzz"}) as client:
         _seed(client, proxy)
     before = _snapshot(db)
-    tally = Tally()
-    _fuzz(proxy, both, bodies.chat_bodies | bodies.raw_garbage, "/v1/chat/completions", tally)
-    _fuzz(proxy, both, bodies.responses_bodies | bodies.raw_garbage, "/v1/responses", tally)
+    tallies = {endpoint.name: Tally() for endpoint in ENDPOINTS}
+    for endpoint in ENDPOINTS:
+        _fuzz(proxy, both, endpoint, tallies[endpoint.name])
     proxy.drain()
-    print(
-        f"fuzz: {tally.bodies} bodies, statuses {sorted(tally.by_status.items())}, "
-        f"relayed upstream 5xx {tally.relayed_5xx}"
-    )
-    own_5xx = sum(1 for f in tally.failures if f.startswith("5"))
-    figure("bodies fuzzed (both endpoints)", tally.bodies)
-    figure("proxy 5xx on fuzzed bodies", own_5xx)
-    figure("4xx not in OpenAI's shape", len(tally.failures) - own_5xx)
-    assert tally.failures == [], "\n".join(tally.failures[:20])
-    assert tally.bodies >= 2 * BODIES_PER_ENDPOINT
+    failures = []
+    for endpoint in ENDPOINTS:
+        tally = tallies[endpoint.name]
+        own_5xx = sum(1 for f in tally.failures if f.startswith("5"))
+        print(
+            f"fuzz {endpoint.name}: {tally.bodies} requests, statuses "
+            f"{sorted(tally.by_status.items())}, relayed upstream 5xx {tally.relayed_5xx}"
+        )
+        figure(f"requests fuzzed: {endpoint.method} {endpoint.path}", tally.bodies)
+        figure(f"proxy 5xx: {endpoint.method} {endpoint.path}", own_5xx)
+        figure(
+            f"4xx not in OpenAI's shape: {endpoint.method} {endpoint.path}",
+            len(tally.failures) - own_5xx,
+        )
+        failures += tally.failures
+        assert tally.bodies >= int(BODIES_PER_ENDPOINT * endpoint.share), endpoint.name
+    figure("requests fuzzed (every endpoint)", sum(t.bodies for t in tallies.values()))
+    assert failures == [], "\n".join(failures[:20])
     _unchanged(before, _snapshot(db))
     # The proxy still answers, and the seeded server-held session still replays.
     r = httpx.post(

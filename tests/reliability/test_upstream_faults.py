@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -36,7 +37,9 @@ EXPECTED: dict[tuple[str, bool], tuple[int, str | None, str]] = {
     ("malformed_sse", False): (502, "upstream_unavailable", "nothing"),
     ("malformed_sse", True): (200, "upstream_malformed_stream", "nothing"),
     ("no_done", False): (502, "upstream_unavailable", "nothing"),
-    ("no_done", True): (200, None, "incomplete"),
+    ("no_done", True): (200, "upstream_stream_incomplete", "incomplete"),
+    ("error_event", False): (200, "upstream_invalid_response", "nothing"),
+    ("error_event", True): (200, "upstream_stream_error", "nothing"),
     ("null_content", False): (200, None, "answered"),
     ("null_content", True): (200, None, "answered"),
     ("huge", False): (200, None, "answered"),
@@ -47,6 +50,19 @@ UPSTREAM_TIMEOUT_S = 1.0
 
 @pytest.fixture
 def faulty(loop_thread: LoopThread, tmp_path: Path) -> Iterator[tuple[FaultUpstream, ProxyServer]]:
+    yield from _faulty(loop_thread, tmp_path, "server")
+
+
+@pytest.fixture
+def faulty_client_held(
+    loop_thread: LoopThread, tmp_path: Path
+) -> Iterator[tuple[FaultUpstream, ProxyServer]]:
+    yield from _faulty(loop_thread, tmp_path, "client")
+
+
+def _faulty(
+    loop_thread: LoopThread, tmp_path: Path, history: str
+) -> Iterator[tuple[FaultUpstream, ProxyServer]]:
     upstream = FaultUpstream()
     server = AiohttpServer(loop_thread, upstream.app())
     config = make_config(
@@ -58,7 +74,7 @@ def faulty(loop_thread: LoopThread, tmp_path: Path) -> Iterator[tuple[FaultUpstr
                 "match": {"path": "/v1/chat/completions"},
                 "upstream": "default",
                 "policy": "last2",
-                "history": "server",
+                "history": history,
             }
         ],
         extra={
@@ -106,9 +122,17 @@ def test_upstream_fault_reaches_the_client_as_expected_and_stores_what_it_should
         assert set(error) == {"message", "type", "param", "code"}
         if error_code:
             assert error["code"] == error_code
-    if stream and status == 200 and error_code in ("upstream_timeout", "upstream_unavailable"):
-        # The stream was cut: the client is told in-stream, never left guessing.
-        assert b'"error"' in response.content.splitlines()[-2] + response.content[-400:]
+    if stream and status == 200 and error_code:
+        # The stream did not end whole: the client is told in-stream, never left
+        # guessing, and never gets the end marker after it (its SDK would stop there).
+        events = response.content.rstrip().split(b"\n\n")
+        last = orjson.loads(events[-1][len(b"data: ") :])
+        assert set(last["error"]) == {"message", "type", "param", "code"}
+        # The upstream's own error event reaches the client as sent, and no second one.
+        assert last["error"]["code"] == ("overloaded" if fault == "error_event" else error_code)
+        assert b"data: [DONE]" not in events
+        metrics = httpx.get(f"{proxy.url}/metrics").text
+        assert f'code="{error_code}"' in metrics
     if fault == "huge":
         assert len(response.content) > HUGE_CHARS
     proxy.drain()
@@ -145,3 +169,33 @@ def test_upstream_fault_reaches_the_client_as_expected_and_stores_what_it_should
         assert replayed == []
     assert forwarded[-1] == {"role": "user", "content": "next"}
     figure("upstream fault survived", f"{fault} ({'streamed' if stream else 'plain'})")
+
+
+@pytest.mark.parametrize("fault", ["no_done", "malformed_sse"])
+def test_a_client_held_stream_that_does_not_end_whole_raises_in_the_openai_sdk(
+    faulty_client_held, tmp_path, fault
+):
+    upstream, proxy = faulty_client_held
+    upstream.fault = fault
+    client = openai.OpenAI(
+        base_url=f"{proxy.url}/v1",
+        api_key="sk-a",
+        max_retries=0,
+        default_headers={"X-Session-Id": f"held-{fault}"},
+    )
+    chunks = []
+    with pytest.raises(openai.APIError) as raised:
+        for chunk in client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "question"}], stream=True
+        ):
+            chunks.append(chunk)
+    assert chunks  # what came before the end was relayed
+    code = "upstream_stream_incomplete" if fault == "no_done" else "upstream_malformed_stream"
+    assert raised.value.code == code
+    proxy.drain()
+    row = query(tmp_path / "ctxproxy.db", "SELECT error, incomplete FROM requests")[0]
+    assert row["error"].startswith(code) and row["incomplete"] == 1
+    items = query(tmp_path / "ctxproxy.db", "SELECT role, status FROM items ORDER BY id")
+    # Cut short: kept, marked, never replayed whole; malformed: left out, as the client failed.
+    expected = [("user", "complete"), ("assistant", "incomplete")] if fault == "no_done" else []
+    assert [(i["role"], i["status"]) for i in items] == expected

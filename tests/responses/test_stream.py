@@ -189,3 +189,42 @@ def test_client_leaving_mid_stream_keeps_the_response_marked_incomplete(upstream
     assert query(db, "SELECT status FROM responses")[0]["status"] == "incomplete"
     assert query(db, "SELECT incomplete FROM requests")[0]["incomplete"] == 1
     assert fake.events_sent < 60  # the upstream stream was closed, not read to its end
+
+
+def test_stream_ending_without_response_completed_gets_response_failed(upstream, proxy, tmp_path):
+    fake, _ = upstream
+    fake.replies.append(RReply(text="an answer that stops early", no_terminal=True))
+    with client(proxy, session="early").responses.with_streaming_response.create(
+        model="gpt-4o", input="go", stream=True
+    ) as response:
+        received = b"".join(response.iter_bytes())
+
+    assert received.startswith(fake.last_response)  # everything the upstream sent, as sent
+    name, failed = events(received)[-1]
+    assert name == "response.failed" and failed["type"] == "response.failed"
+    validate("ResponseFailedEvent", failed)
+    assert failed["response"]["status"] == "failed"
+    error = failed["response"]["error"]
+    assert error["code"] == "server_error"
+    assert error["message"].startswith("upstream_stream_incomplete: ")
+    assert "response.completed" not in [n for n, _ in events(received)]
+    metrics = httpx.get(f"{proxy.url}/metrics").text
+    assert (
+        'ctxproxy_unfinished_streams_total{route="routes[0]",code="upstream_stream_incomplete"} 1'
+        in metrics
+    )
+    proxy.drain()
+    db = tmp_path / "ctxproxy.db"
+    row = query(db, "SELECT incomplete, error FROM requests")[0]
+    assert row["incomplete"] == 1 and row["error"].startswith("upstream_stream_incomplete")
+    assert query(db, "SELECT status FROM responses")[0]["status"] == "incomplete"
+    # Never shown as a whole answer: retrieved, it is incomplete, as are its items.
+    assert client(proxy).responses.retrieve("resp_1").status == "incomplete"
+    # The input item as it came (complete), the answer's item marked incomplete.
+    assert [r["incomplete"] for r in query(db, "SELECT incomplete FROM items ORDER BY id")] == [
+        0,
+        1,
+    ]
+    # What finished is kept, as for a stream cut short: a follow-up continues from there.
+    client(proxy).responses.create(model="gpt-4o", input="again", previous_response_id="resp_1")
+    assert fake.last["input"][0]["content"] == "go" and fake.last["input"][-1]["content"] == "again"
