@@ -442,7 +442,7 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     sdk = client(recalling)
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
     retained = [i for i in history() if i.get("role") == "user"]
-    question = user("Which grep output showed the PORT in config.py?")
+    question = user("Which port does the server listen on?")
     answer = sdk.responses.with_raw_response.create(
         model="m", input=[*retained, item.model_dump(exclude_none=True), question]
     )
@@ -664,7 +664,7 @@ def test_the_codex_flow_on_the_shared_stores(
     sdk = client(start(policy="recalling", shared=shared_store))
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
     retained = [i for i in history() if i.get("role") == "user"]
-    question = user("Which grep output showed the PORT in config.py?")
+    question = user("Which port does the server listen on?")
     sdk.responses.create(model="m", input=[*retained, item.model_dump(exclude_none=True), question])
     (received,) = responses_upstream[0].received
     sent = json.dumps(received.json["input"])
