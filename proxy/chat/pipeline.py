@@ -47,7 +47,15 @@ def validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 class ChatExchange(ExchangeRelay):
-    """One request's journey through the pipeline (the endpoint's steps)."""
+    """One request's journey through the pipeline (the endpoint's steps).
+
+    Another door (proxy/messages/) runs the same steps over the chat messages it
+    read its dialect into: :meth:`plan` takes them, ``_send`` is the door's own.
+    """
+
+    # Whether the body's messages are the request bytes' own (False: a door's
+    # translation, so the message cache keeps no byte prefix of them).
+    wire_messages = True
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -56,7 +64,7 @@ class ChatExchange(ExchangeRelay):
             return await self._run()
         except ProxyError as error:
             self._finish_failed(error.status, error)
-            return error_response(error, self._headers())
+            return error_response(error, self._headers(), self.door)
         except BaseException:
             # Unexpected: the app's last-resort handler answers; never leave a session locked.
             self._unlock()
@@ -158,7 +166,11 @@ class ChatExchange(ExchangeRelay):
             # Each message's identity in the store (and the token cache's key) and
             # its token count; what the session sent before is not done again.
             self.stored = rt.messages.messages(
-                self.ref, self.conversation, counter, lookup=lookup, body=(self.raw, body)
+                self.ref,
+                self.conversation,
+                counter,
+                lookup=lookup,
+                body=(self.raw, body) if self.wire_messages else None,
             )
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat.finish import ExchangeFinish
-from proxy.chat.stream import ChatReplyAssembler, reply_from_completion
+from proxy.chat.stream import ChatReplyAssembler, ReplyAssembler, reply_from_completion
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import ProxyError, UpstreamError
 from proxy.http.body import error_response, relay_headers
@@ -40,7 +40,7 @@ class ExchangeRelay(ExchangeFinish):
             content = await response.read()
         except ProxyError as error:
             self._finish_failed(error.status, error, upstream_status=response.status)
-            return error_response(error, self._headers())
+            return error_response(error, self._headers(), self.door)
         # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
@@ -99,8 +99,16 @@ class ExchangeRelay(ExchangeFinish):
             failed=invalid is not None,
         )
 
+    def _assembler(self) -> ReplyAssembler:
+        """What reads the relayed stream's reply (a door reads its own events)."""
+        return ChatReplyAssembler()
+
+    def _stream_error(self, error: ProxyError) -> bytes:
+        """An error told in-stream, the headers being gone already (as OpenAI does)."""
+        return b"data: " + error.body_bytes() + b"\n\n"
+
     def _relay_stream(self, response: UpstreamResponse) -> Response:
-        assembler = ChatReplyAssembler()
+        assembler = self._assembler()
 
         durable = self._durable()
 
@@ -122,9 +130,8 @@ class ExchangeRelay(ExchangeFinish):
                             await self._committed(self._finish_stream(assembler, None, None))
                     yield chunk
             except UpstreamError as exc:
-                # Headers are gone already: tell the client in-stream, as OpenAI does.
                 error = exc
-                yield b"data: " + exc.body_bytes() + b"\n\n"
+                yield self._stream_error(exc)
             finally:
                 self.rt.metrics.active_streams.dec()
                 if finished:
@@ -138,7 +145,7 @@ class ExchangeRelay(ExchangeFinish):
 
     def _finish_stream(
         self,
-        assembler: ChatReplyAssembler,
+        assembler: ReplyAssembler,
         error: ProxyError | None,
         upstream: UpstreamResponse | None,
     ) -> asyncio.Future[Any] | None:

@@ -6,9 +6,31 @@ a copy, so a malformed or unknown event never disturbs the relay.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+
+
+class ReplyAssembler(Protocol):
+    """What the relay reads a streamed reply with (chat's below; each door has its own)."""
+
+    chunks: int
+    malformed: int
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def whole(self) -> bool: ...
+
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+    def message(self) -> dict[str, Any]:
+        """The reply as the chat message the store keeps."""
+        ...
 
 
 class SSEParser:

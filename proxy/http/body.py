@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
-from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.errors import Door, InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
 from proxy.http.shape import MAX_DEPTH, check_depth
 
 # Client headers never forwarded: they describe this hop, or belong to us.
@@ -135,9 +135,12 @@ def forward_headers(
     return out
 
 
-def error_response(error: ProxyError, headers: Mapping[str, str] | None = None) -> Response:
+def error_response(
+    error: ProxyError, headers: Mapping[str, str] | None = None, door: Door = "openai"
+) -> Response:
+    """``error`` answered in ``door``'s JSON shape (proxy/errors.py)."""
     return Response(
-        error.body_bytes(),
+        error.door_bytes(door),
         status_code=error.status,
         media_type="application/json",
         headers=dict(headers or {}),
