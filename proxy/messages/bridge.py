@@ -18,25 +18,21 @@ relays what it produces exactly as it relays an Anthropic upstream's bytes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from proxy.config.model import UpstreamConfig
-from proxy.errors import UpstreamError, anthropic_type
+from proxy.errors import anthropic_type
 from proxy.upstream.base import UpstreamRequest
-from proxy.upstream.litellm_support import (
-    Litellm,
-    bearer,
-    error_status,
-    load_litellm,
-    no_answer_error,
-    parse_object,
-    provider_message,
-    retry_after_of,
-    unwrap,
+from proxy.upstream.litellm_stream import (
+    LitellmStream,
+    failure_response,
+    litellm_target,
+    open_stream,
 )
+from proxy.upstream.litellm_support import bearer, load_litellm, parse_object
 from proxy.upstream.provider import JsonResponse
 
 # Messages fields handed to litellm: an allowlist (litellm reads other kwargs as its
@@ -48,8 +44,6 @@ MESSAGES_FIELDS = frozenset({
 })
 # fmt: on
 
-_JSON = [("content-type", "application/json")]
-_SSE = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
 # A key for servers that want none (vLLM, Ollama): litellm's OpenAI client insists on one.
 _NO_KEY = "no-key"
 
@@ -65,57 +59,11 @@ def load() -> None:
     litellm.use_chat_completions_url_for_anthropic_messages = True
 
 
-def error_body(message: str, status: int) -> bytes:
-    """An error in Anthropic's shape."""
+def error_body(message: str, status: int, exc: BaseException | None = None) -> bytes:
+    """An error in Anthropic's shape (its type read off the status)."""
     error = {"type": anthropic_type(status), "message": message}
     return orjson.dumps({"type": "error", "error": error})
 
-
-class BridgeStream:
-    """litellm's Anthropic events, relayed as they come (the model name put right)."""
-
-    status = 200
-
-    def __init__(self, lib: Litellm, stream: Any, first: bytes, model: str) -> None:
-        self.headers = list(_SSE)
-        self._lib = lib
-        self._stream = stream
-        self._first: bytes | None = first
-        self._model = model
-        self._closed = False
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_chunks()])
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        if self._closed:
-            return
-        try:
-            if self._first is not None:
-                first, self._first = self._first, None
-                yield _with_model(first, self._model)
-            while True:
-                try:
-                    chunk = await anext(self._stream, None)
-                except self._lib.errors as exc:
-                    unanswered = no_answer_error(self._lib, exc)
-                    if unanswered is not None:
-                        raise unanswered from exc
-                    message = provider_message(unwrap(exc))
-                    raise UpstreamError(f"The provider stream failed: {message}") from exc
-                if chunk is None:
-                    return
-                yield _with_model(_bytes(chunk), self._model)
-        finally:
-            await self.close()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        close = getattr(self._stream, "aclose", None)
-        if close is not None:
-            await close()
 
 
 def _bytes(chunk: object) -> bytes:
@@ -156,14 +104,7 @@ class MessagesBridge:
         # Typed loosely: its return type depends on ``stream``.
         self._create: Callable[..., Awaitable[Any]] = anthropic_messages
 
-    def _target(self, client_model: str) -> tuple[str, str | None]:
-        """The litellm model name and API base for this upstream."""
-        if self.config.litellm_model is not None:
-            return self.config.litellm_model, self.config.api_base
-        # An OpenAI-compatible server: litellm's OpenAI chat client, at its URL.
-        return f"openai/{client_model}", self.config.base_url
-
-    async def send(self, request: UpstreamRequest) -> JsonResponse | BridgeStream:
+    async def send(self, request: UpstreamRequest) -> JsonResponse | LitellmStream:
         if request.method != "POST" or request.path.rstrip("/") != "/messages":
             message = f"{request.method} {request.path} is not served by a messages bridge."
             return JsonResponse(404, error_body(message, 404))
@@ -171,7 +112,10 @@ class MessagesBridge:
         if body is None:
             return JsonResponse(400, error_body("A JSON request body is required.", 400))
         client_model = str(body.get("model") or "")
-        model, api_base = self._target(client_model)
+        config = self.config
+        model, api_base = litellm_target(
+            config.litellm_model, config.api_base, config.base_url, client_model
+        )
         kwargs = {k: v for k, v in body.items() if k in MESSAGES_FIELDS}
         api_key = (
             self.config.api_key
@@ -195,34 +139,12 @@ class MessagesBridge:
         if not kwargs.get("stream"):
             data = result if isinstance(result, dict) else orjson.loads(orjson.dumps(result))
             return JsonResponse(200, orjson.dumps({**data, "model": client_model}))
-        return await self._open_stream(result, client_model)
-
-    async def _open_stream(self, stream: Any, client_model: str) -> JsonResponse | BridgeStream:
-        # The first event before answering: an error the provider sends before
-        # any content must still become a status and a body.
-        try:
-            first = await anext(stream, None)
-        except self._lib.errors as exc:
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
-            return self._failure(exc)
-        if first is None:
-            return JsonResponse(502, error_body("The provider's stream was empty.", 502))
-        return BridgeStream(self._lib, stream, _bytes(first), client_model)
+        return await open_stream(
+            self._lib, result, lambda chunk: _with_model(_bytes(chunk), client_model), error_body
+        )
 
     def _failure(self, exc: BaseException) -> JsonResponse:
-        """Relay a provider's error status; raise when there was no answer at all."""
-        unanswered = no_answer_error(self._lib, exc)
-        if unanswered is not None:
-            raise unanswered from exc
-        exc = unwrap(exc)
-        status = error_status(exc)
-        headers = list(_JSON)
-        retry_after = retry_after_of(exc)
-        if retry_after is not None:
-            headers.append(("retry-after", retry_after))
-        return JsonResponse(status, error_body(provider_message(exc), status), headers)
+        return failure_response(self._lib, exc, error_body)
 
     async def close(self) -> None:
         return None
