@@ -7,7 +7,7 @@ What reached the upstream, what reached the client and what was stored are asser
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,56 +15,21 @@ import anthropic
 import httpx
 import pytest
 
-from proxy.config.loader import parse_config
 from tests.fakes.anthropic import FakeAnthropic, Reply, ToolUse
-from tests.harness import LoopThread, ProxyServer, query
+from tests.harness import ProxyServer, query
 
 MODEL = "claude-fake-1"
 SESSION = {"X-Session-Id": "s-msg"}
 
 
 @pytest.fixture
-def claude(loop_thread: LoopThread) -> Iterator[FakeAnthropic]:
-    fake = FakeAnthropic(strict=True)
-    loop_thread.run(fake.start())
-    yield fake
-    loop_thread.run(fake.stop())
-    assert fake.problems == [], "\n".join(fake.problems)
-
-
-def messages_config(
-    url: str, tmp_path: Path, *, policy: dict[str, Any] | None = None, **extra: Any
-) -> Any:
-    data: dict[str, Any] = {
-        "store": {"path": str(tmp_path / "ctxproxy.db")},
-        "upstreams": {"claude": {"base_url": f"{url}/v1", "api": "anthropic", "timeout_s": 5}},
-        "routes": [
-            {
-                "match": {"path": "/v1/messages"},
-                "upstream": "claude",
-                **({"policy": "p"} if policy else {}),
-            }
-        ],
-        "policies": {"p": policy} if policy else {},
-    }
-    data.update(extra)
-    return parse_config(data)
-
-
-@pytest.fixture
 def proxy_for(
-    loop_thread: LoopThread, claude: FakeAnthropic, tmp_path: Path
-) -> Iterator[Callable[..., ProxyServer]]:
-    started: list[ProxyServer] = []
-
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> Callable[..., ProxyServer]:
     def start(**kwargs: Any) -> ProxyServer:
-        proxy = ProxyServer(loop_thread, messages_config(claude.url, tmp_path, **kwargs))
-        started.append(proxy)
-        return proxy
+        return start_messages({"base_url": f"{claude.url}/v1", "api": "anthropic"}, **kwargs)
 
-    yield start
-    for proxy in started:
-        proxy.stop()
+    return start
 
 
 def client(proxy: ProxyServer, key: str = "sk-ant-client") -> anthropic.Anthropic:

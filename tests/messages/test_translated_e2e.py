@@ -5,7 +5,7 @@ as the client, the existing fake OpenAI-compatible upstream behind."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,41 +13,20 @@ import anthropic
 import pytest
 from pydantic import TypeAdapter
 
-from proxy.config.loader import parse_config
 from tests.fakes.upstream import FakeUpstream, Reply
-from tests.harness import AiohttpServer, LoopThread, ProxyServer, query
+from tests.harness import AiohttpServer, ProxyServer, query
 
 MODEL = "gpt-4o"
 
 
 @pytest.fixture
 def proxy_for(
-    loop_thread: LoopThread, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
-) -> Iterator[Callable[..., ProxyServer]]:
-    started: list[ProxyServer] = []
-
+    fake: tuple[FakeUpstream, AiohttpServer], start_messages: Callable[..., ProxyServer]
+) -> Callable[..., ProxyServer]:
     def start(policy: dict[str, Any] | None = None) -> ProxyServer:
-        config = parse_config(
-            {
-                "store": {"path": str(tmp_path / "ctxproxy.db")},
-                "upstreams": {"local": {"base_url": f"{fake[1].url}/v1", "timeout_s": 5}},
-                "routes": [
-                    {
-                        "match": {"path": "/v1/messages"},
-                        "upstream": "local",
-                        **({"policy": "p"} if policy else {}),
-                    }
-                ],
-                "policies": {"p": policy} if policy else {},
-            }
-        )
-        proxy = ProxyServer(loop_thread, config)
-        started.append(proxy)
-        return proxy
+        return start_messages({"base_url": f"{fake[1].url}/v1"}, policy)
 
-    yield start
-    for proxy in started:
-        proxy.stop()
+    return start
 
 
 def client(proxy: ProxyServer) -> anthropic.Anthropic:

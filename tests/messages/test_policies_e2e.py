@@ -1,0 +1,192 @@
+"""Policies over content blocks, through /v1/messages: what reached the Anthropic upstream.
+
+A long tool-using conversation under a trim policy never has a tool_use split from its
+tool_result; thinking blocks and their signatures arrive as the client sent them, even
+when the policy rewrote the request; the client's cache_control markers stay where they
+were and the proxy adds its one breakpoint only where there is room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anthropic
+
+from tests.fakes.anthropic import FakeAnthropic, Reply
+from tests.harness import ProxyServer
+
+MODEL = "claude-fake-1"
+FILLER = "lorem ipsum dolor sit amet " * 40  # ~240 tokens of tool output
+
+
+def sdk(proxy: ProxyServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=proxy.url,
+        api_key="sk-ant",
+        default_headers={"X-Session-Id": "s-pol"},
+        max_retries=0,
+    )
+
+
+def tool_conversation(rounds: int, *, thinking: bool = False) -> list[dict[str, Any]]:
+    """A user task and ``rounds`` tool calls with their results (Claude Code's shape: the
+    result and a reminder text in one user message)."""
+    out: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in the repo."}]
+    for i in range(rounds):
+        call: list[dict[str, Any]] = []
+        if thinking:
+            call.append({"type": "thinking", "thinking": f"step {i}", "signature": f"sig-{i}"})
+        call += [
+            {"type": "text", "text": f"Reading file {i}."},
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "read", "input": {"n": i}},
+        ]
+        out.append({"role": "assistant", "content": call})
+        content: list[dict[str, Any]] = [
+            {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"{i}: {FILLER}"}
+        ]
+        if i % 3 == 2:
+            content.append({"type": "text", "text": f"reminder {i}"})
+        out.append({"role": "user", "content": content})
+    return out
+
+
+def check_pairs(messages: Sequence[dict[str, Any]]) -> None:
+    """Every tool_result answers a tool_use of the assistant message right before it, and
+    every tool_use is answered in the user message right after it."""
+    assert messages[0]["role"] == "user"
+    for i, message in enumerate(messages):
+        content = message["content"]
+        if not isinstance(content, list):
+            continue
+        if message["role"] == "assistant":
+            calls = {b["id"] for b in content if b["type"] == "tool_use"}
+            after = messages[i + 1]["content"] if i + 1 < len(messages) else []
+            answered = {b["tool_use_id"] for b in after if b["type"] == "tool_result"}
+            assert calls <= answered, f"message {i}: unanswered {calls - answered}"
+        else:
+            results = {b["tool_use_id"] for b in content if b["type"] == "tool_result"}
+            before = messages[i - 1]["content"] if i else []
+            calls = {b["id"] for b in before if isinstance(b, dict) and b["type"] == "tool_use"}
+            assert results <= calls, f"message {i}: results without their call"
+
+
+def test_trimming_a_long_tool_conversation_never_splits_a_tool_use_from_its_result(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"},
+        {"strategy": "trim", "max_tokens": 2500},
+    )
+    client = sdk(proxy)
+    history = tool_conversation(30)
+    for cut in (12, 31, 45, 61):
+        claude.script(Reply(text="ok"))
+        client.messages.create(model=MODEL, max_tokens=32, messages=history[:cut])
+    forwarded = [r.json["messages"] for r in claude.requests]
+    assert len(forwarded[-1]) < 61, "the policy trimmed nothing"
+    for messages in forwarded:
+        check_pairs(messages)
+    # What was kept is the client's own blocks, in order: the newest messages as sent.
+    assert forwarded[-1][-1]["content"] == history[60]["content"]
+
+
+def test_thinking_blocks_and_signatures_reach_the_upstream_unchanged_under_a_rewrite(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"},
+        {
+            "strategy": "trim",
+            "max_turns": 50,
+            "mask_tool_outputs": {"after_turns": 1, "min_tokens": 50, "step_tokens": 0},
+        },
+    )
+    claude.script(Reply(text="Done.", thinking=("Let me think.", "sig-final")))
+    history = tool_conversation(6, thinking=True)
+    answer = sdk(proxy).messages.create(
+        model=MODEL,
+        max_tokens=2048,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=history,
+    )
+    # The answer's own thinking block reaches the client with its signature.
+    assert answer.content[0].type == "thinking"
+    assert answer.content[0].signature == "sig-final"
+    sent = claude.requests[0].json["messages"]
+    # Masking rewrote old tool results (so the request was rebuilt) ...
+    results = [b for m in sent for b in m["content"] if isinstance(m["content"], list)]
+    masked = [b for b in results if b["type"] == "tool_result" and FILLER not in str(b)]
+    assert masked, "nothing was masked"
+    # ... and every assistant message is the client's, thinking and signature included
+    # (the last one carries the proxy's breakpoint on its tool_use, not on the thinking).
+    assistants = [m for m in sent if m["role"] == "assistant"]
+    last = assistants[-1]["content"]
+    assert last[-1].pop("cache_control") == {"type": "ephemeral"}
+    assert assistants == [m for m in history if m["role"] == "assistant"]
+    check_pairs(sent)
+
+
+def marks(body: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """Where cache_control markers are: ("system", i, 0), ("messages", i, j)."""
+    out = []
+    system = body.get("system")
+    for i, block in enumerate(system if isinstance(system, list) else []):
+        if block.get("cache_control"):
+            out.append(("system", i, 0))
+    for i, message in enumerate(body["messages"]):
+        content = message["content"]
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if block.get("cache_control"):
+                out.append(("messages", i, j))
+    return out
+
+
+def test_the_clients_cache_markers_stay_and_the_proxy_adds_one_only_where_there_is_room(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"},
+        {"strategy": "trim", "max_turns": 2},
+    )
+    client = sdk(proxy)
+    ephemeral: Any = {"type": "ephemeral"}
+    system: Any = [{"type": "text", "text": "You are a coder.", "cache_control": ephemeral}]
+    turns: list[Any] = []
+    for i in range(4):
+        turns.append({"role": "user", "content": [{"type": "text", "text": f"question {i}"}]})
+        turns.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {i}"}]})
+    turns.append(
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "last", "cache_control": ephemeral}],
+        }
+    )
+    client.messages.create(model=MODEL, max_tokens=16, system=system, messages=turns)
+    body = claude.requests[0].json
+    # Trimmed to the last 2 turns: the client's markers on the same blocks, and the
+    # proxy's one at the end of the stable prefix (the message before the newest).
+    assert body["system"] == system
+    assert [m["content"][0]["text"] for m in body["messages"]] == [
+        "question 3",
+        "answer 3",
+        "last",
+    ]
+    assert marks(body) == [("system", 0, 0), ("messages", 1, 0), ("messages", 2, 0)]
+    # Four markers of the client's own: the proxy adds none.
+    full: Any = [
+        {
+            "role": m["role"],
+            "content": [{**m["content"][0], "cache_control": ephemeral}],
+        }
+        for m in turns[-3:]
+    ]
+    client.messages.create(model=MODEL, max_tokens=16, system=system, messages=full)
+    body = claude.requests[1].json
+    assert marks(body) == [
+        ("system", 0, 0),
+        ("messages", 0, 0),
+        ("messages", 1, 0),
+        ("messages", 2, 0),
+    ]
+    assert body["messages"] == full
