@@ -27,6 +27,7 @@ from proxy.http.asgi import Endpoint
 from proxy.http.body import error_response
 from proxy.http.client_keys import ClientKeyGuard
 from proxy.http.guard import ErrorGuard
+from proxy.messages.count import count_tokens
 from proxy.messages.pipeline import messages_endpoint
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
@@ -190,6 +191,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/messages", messages_endpoint, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/v1/responses", responses_endpoint, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),

@@ -129,7 +129,11 @@ def forward_headers(
 ) -> dict[str, str]:
     skip = _NOT_FORWARDED | {session_header.lower(), "x-context-mode"}
     out = {k: v for k, v in headers if k not in skip}
-    if upstream.api_key is not None:
+    if upstream.api_key is not None and upstream.anthropic:
+        # Anthropic's API takes its key as x-api-key, in place of the client's.
+        out.pop("authorization", None)
+        out["x-api-key"] = upstream.api_key
+    elif upstream.api_key is not None:
         out["authorization"] = f"Bearer {upstream.api_key}"
     out.update({k.lower(): v for k, v in upstream.headers.items()})
     return out

@@ -65,7 +65,6 @@ def error_body(message: str, status: int, exc: BaseException | None = None) -> b
     return orjson.dumps({"type": "error", "error": error})
 
 
-
 def _bytes(chunk: object) -> bytes:
     if isinstance(chunk, bytes):
         return chunk

@@ -92,7 +92,7 @@ class MessagesExchange(ChatExchange):
             UpstreamRequest(
                 method="POST",
                 path="/messages",
-                headers=upstream_headers(self.header_items, config, rt.config.session.header),
+                headers=forward_headers(self.header_items, config, rt.config.session.header),
                 body=forwarded,
                 json=None if config.anthropic else orjson.loads(forwarded),
                 stream=self.stream,
@@ -103,15 +103,21 @@ class MessagesExchange(ChatExchange):
 
     def _forward(self, body: dict[str, Any], config: UpstreamConfig) -> bytes:
         """The body to send: the client's bytes when nothing changed, else rewritten."""
+        hinted = config.anthropic and config.cache.breakpoints == "auto"
+        return self.forwarded(body, breakpoint=hinted)
+
+    def forwarded(self, body: dict[str, Any], *, breakpoint: bool) -> bytes:
+        """The body as the policy leaves it (``breakpoint``: with the proxy's cache breakpoint
+        where there is room); the client's own bytes when that changes nothing."""
         d = self.decision
-        assert d is not None
+        assert d is not None  # plan() ran
         unchanged = not d.changed and len(d.messages) == len(self.conversation) == self.view_len
         if unchanged:
             system, messages = body.get("system"), body["messages"]
         else:
             system, messages = anthropic_request(d.messages, body.get("system"))
         placed = None
-        if config.anthropic and config.cache.breakpoints == "auto":
+        if breakpoint:
             messages, placed = with_breakpoint(body, messages)
         if placed is not None:
             self.cache = CacheHints(breakpoints=(placed,))
@@ -149,16 +155,6 @@ class MessagesExchange(ChatExchange):
             )
             return None, usage, invalid
         return reply, usage, None
-
-
-def upstream_headers(headers: Any, config: UpstreamConfig, session_header: str) -> dict[str, str]:
-    """The client's headers for the upstream (anthropic-version and -beta among them); an
-    Anthropic upstream's own key goes as ``x-api-key``, in place of the client's."""
-    out = forward_headers(headers, config, session_header)
-    if config.anthropic and config.api_key is not None:
-        out.pop("authorization", None)
-        out["x-api-key"] = config.api_key
-    return out
 
 
 class Messages:

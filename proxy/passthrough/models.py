@@ -1,4 +1,7 @@
-"""``GET /v1/models``: every OpenAI-compatible upstream's list, merged; ``/v1/models/{id}`` too.
+"""``GET /v1/models``: every upstream's list, merged; ``/v1/models/{id}`` too.
+
+The merged list has Anthropic's shape for an Anthropic client, OpenAI's
+otherwise, whichever API each upstream speaks (proxy/passthrough/model_shapes.py).
 
 The lists are fetched concurrently, each with the client's headers as that
 upstream's config forwards them, and merged in config order: the first
@@ -27,6 +30,12 @@ from starlette.responses import Response
 
 from proxy.errors import ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, relay_headers
+from proxy.passthrough.model_shapes import (
+    anthropic_list,
+    anthropic_model,
+    openai_model,
+    wants_anthropic,
+)
 from proxy.runtime import Runtime
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest
@@ -53,7 +62,7 @@ async def models(request: Request) -> Response:
         path = request.url.path.removeprefix("/v1")
         answers = await asyncio.gather(*(_ask(rt, request, n, path) for n in _compatible(rt)))
         if path.rstrip("/") == "/models":
-            return _merged(answers)
+            return _merged(answers, anthropic=wants_anthropic(request.headers))
         return _first_found(answers)
     finally:
         rt.release()
@@ -100,7 +109,7 @@ def _listed(answer: _Answer) -> list[Any] | None:
     return listed if isinstance(listed, list) else None
 
 
-def _merged(answers: list[_Answer]) -> Response:
+def _merged(answers: list[_Answer], *, anthropic: bool = False) -> Response:
     merged: list[Any] = []
     ids: set[str] = set()
     skipped: list[_Answer] = []
@@ -121,7 +130,12 @@ def _merged(answers: list[_Answer]) -> Response:
     if answers and len(skipped) == len(answers):
         return _all_failed(answers)
     headers = {SKIPPED_HEADER: ",".join(a.upstream for a in skipped)} if skipped else None
-    body = orjson.dumps({"object": "list", "data": merged})
+    if anthropic:
+        entries = [anthropic_model(m) for m in merged if isinstance(m, dict)]
+        body = orjson.dumps(anthropic_list(entries))
+    else:
+        data = [openai_model(m) if isinstance(m, dict) else m for m in merged]
+        body = orjson.dumps({"object": "list", "data": data})
     return Response(body, media_type="application/json", headers=headers)
 
 

@@ -200,6 +200,7 @@ class FakeAnthropic:
             "id": self.model,
             "display_name": "Claude Fake",
             "created_at": "2025-01-01T00:00:00Z",
+            "lifecycle": "active",
         }
         return web.json_response(
             {"data": [model], "has_more": False, "first_id": self.model, "last_id": self.model}

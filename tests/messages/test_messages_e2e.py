@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import pytest
 
 from tests.fakes.anthropic import FakeAnthropic, Reply, ToolUse
 from tests.harness import ProxyServer, query
+from tests.messages.sdk import sdk_client
 
 MODEL = "claude-fake-1"
 SESSION = {"X-Session-Id": "s-msg"}
@@ -32,17 +32,11 @@ def proxy_for(
     return start
 
 
-def client(proxy: ProxyServer, key: str = "sk-ant-client") -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=proxy.url, api_key=key, default_headers=SESSION, max_retries=0
-    )
-
-
 def test_a_plain_message_reaches_the_upstream_as_sent_and_the_answer_the_client(
     proxy_for: Callable[..., ProxyServer], claude: FakeAnthropic, tmp_path: Path
 ) -> None:
     proxy = proxy_for()
-    answer = client(proxy).messages.create(
+    answer = sdk_client(proxy).messages.create(
         model=MODEL,
         max_tokens=64,
         system="You are terse.",
@@ -94,7 +88,7 @@ def test_a_stream_is_relayed_byte_for_byte_and_its_reply_stored(
     assert claude.requests[0].headers["anthropic-version"] == "2023-06-01"
     # And the SDK reads the same stream into its message.
     claude.script(Reply(text="One two three."))
-    with client(proxy).messages.stream(
+    with sdk_client(proxy).messages.stream(
         model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Count."}]
     ) as stream:
         assert stream.get_final_text() == "One two three."
@@ -121,7 +115,7 @@ def test_a_tool_round_trip_goes_through_as_the_sdk_sent_it(
         }
     ]
     claude.script(Reply.tool("get_weather", {"city": "Paris"}, text="Let me look."))
-    sdk = client(proxy)
+    sdk = sdk_client(proxy)
     history: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
     first = sdk.messages.create(model=MODEL, max_tokens=64, tools=tools, messages=history)
     assert first.stop_reason == "tool_use"
@@ -156,7 +150,7 @@ def test_a_streamed_tool_call_reaches_the_sdk_whole(
 ) -> None:
     proxy = proxy_for()
     claude.script(Reply(text="", tool_use=ToolUse("lookup", {"q": "a long query string"})))
-    with client(proxy).messages.stream(
+    with sdk_client(proxy).messages.stream(
         model=MODEL,
         max_tokens=64,
         tools=[{"name": "lookup", "input_schema": {"type": "object"}}],

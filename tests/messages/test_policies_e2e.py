@@ -11,22 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import anthropic
-
 from tests.fakes.anthropic import FakeAnthropic, Reply
 from tests.harness import ProxyServer
+from tests.messages.sdk import sdk_client
 
 MODEL = "claude-fake-1"
 FILLER = "lorem ipsum dolor sit amet " * 40  # ~240 tokens of tool output
-
-
-def sdk(proxy: ProxyServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=proxy.url,
-        api_key="sk-ant",
-        default_headers={"X-Session-Id": "s-pol"},
-        max_retries=0,
-    )
 
 
 def tool_conversation(rounds: int, *, thinking: bool = False) -> list[dict[str, Any]]:
@@ -78,7 +68,7 @@ def test_trimming_a_long_tool_conversation_never_splits_a_tool_use_from_its_resu
         {"base_url": f"{claude.url}/v1", "api": "anthropic"},
         {"strategy": "trim", "max_tokens": 2500},
     )
-    client = sdk(proxy)
+    client = sdk_client(proxy)
     history = tool_conversation(30)
     for cut in (12, 31, 45, 61):
         claude.script(Reply(text="ok"))
@@ -104,7 +94,7 @@ def test_thinking_blocks_and_signatures_reach_the_upstream_unchanged_under_a_rew
     )
     claude.script(Reply(text="Done.", thinking=("Let me think.", "sig-final")))
     history = tool_conversation(6, thinking=True)
-    answer = sdk(proxy).messages.create(
+    answer = sdk_client(proxy).messages.create(
         model=MODEL,
         max_tokens=2048,
         thinking={"type": "enabled", "budget_tokens": 1024},
@@ -149,7 +139,7 @@ def test_the_clients_cache_markers_stay_and_the_proxy_adds_one_only_where_there_
         {"base_url": f"{claude.url}/v1", "api": "anthropic"},
         {"strategy": "trim", "max_turns": 2},
     )
-    client = sdk(proxy)
+    client = sdk_client(proxy)
     ephemeral: Any = {"type": "ephemeral"}
     system: Any = [{"type": "text", "text": "You are a coder.", "cache_control": ephemeral}]
     turns: list[Any] = []

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 
 from tests.fakes.upstream import FakeUpstream, Reply
 from tests.harness import AiohttpServer, ProxyServer, query
+from tests.messages.sdk import sdk_client
 
 MODEL = "gpt-4o"
 
@@ -29,22 +30,12 @@ def proxy_for(
     return start
 
 
-def client(proxy: ProxyServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=proxy.url,
-        api_key="sk-local",
-        default_headers={"X-Session-Id": "s-tr"},
-        max_retries=0,
-        timeout=60,
-    )
-
-
 def test_a_message_is_translated_to_a_chat_completion_and_back(
     proxy_for: Callable[..., ProxyServer], fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
 ) -> None:
     upstream, _ = fake
     proxy = proxy_for()
-    answer = client(proxy).messages.create(
+    answer = sdk_client(proxy).messages.create(
         model=MODEL,
         max_tokens=50,
         system=[{"type": "text", "text": "Be brief."}],
@@ -60,7 +51,7 @@ def test_a_message_is_translated_to_a_chat_completion_and_back(
         {"role": "user", "content": "Ping"},
     ]
     assert sent.json["max_tokens"] == 50
-    assert sent.headers["Authorization"] == "Bearer sk-local"
+    assert sent.headers["Authorization"] == "Bearer sk-ant-client"
     proxy.drain()
     rows = query(tmp_path / "ctxproxy.db", "SELECT status, upstream_prompt_tokens FROM requests")
     assert len(rows) == 1 and rows[0]["status"] == 200
@@ -84,7 +75,7 @@ def test_a_streamed_tool_call_is_translated_into_anthropic_events(
         )
     )
     proxy = proxy_for()
-    sdk = client(proxy)
+    sdk = sdk_client(proxy)
     tools: list[Any] = [
         {
             "name": "read_file",
