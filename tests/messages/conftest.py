@@ -26,13 +26,17 @@ def claude(loop_thread: LoopThread) -> Iterator[FakeAnthropic]:
 
 @pytest.fixture
 def start_messages(loop_thread: LoopThread, tmp_path: Path) -> Iterator[Callable[..., ProxyServer]]:
-    """``start(upstream, policy=None, **sections)``: a proxy routing /v1/messages to it."""
+    """``start(upstream, policy=None, route=None, **sections)``: a proxy routing
+    /v1/messages to ``upstream`` (``route``: more of the route's fields)."""
     started: list[ProxyServer] = []
 
     def start(
-        upstream: dict[str, Any], policy: dict[str, Any] | None = None, **sections: Any
+        upstream: dict[str, Any],
+        policy: dict[str, Any] | None = None,
+        route: dict[str, Any] | None = None,
+        **sections: Any,
     ) -> ProxyServer:
-        route: dict[str, Any] = {"match": {"path": "/v1/messages"}, "upstream": "up"}
+        route = {"match": {"path": "/v1/messages"}, "upstream": "up", **(route or {})}
         if policy is not None:
             route["policy"] = "p"
         data: dict[str, Any] = {
