@@ -215,6 +215,8 @@ class ChatExchange(ExchangeRelay):
                 memo=rt.summaries.memo,
                 ref=self.ref,
             )
+        # A door's own context features over the policy's decision (Anthropic's edits).
+        self.decision = self._door_decision(self.decision)
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
         # Measured on the policy's list: a recall block goes after the stable prefix.
@@ -234,6 +236,10 @@ class ChatExchange(ExchangeRelay):
                 sizes=counts,
             )
         return self.decision
+
+    def _door_decision(self, decision: Decision) -> Decision:
+        """The decision as the door's own features leave it (chat has none)."""
+        return decision
 
     async def _send(self, body: dict[str, Any]) -> Response:
         rt = self.rt

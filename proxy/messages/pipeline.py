@@ -30,15 +30,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from policies.tool_clearing import cleared
 from policies.types import Decision
 from proxy.chat.cache_step import CacheHints
 from proxy.chat.pipeline import ChatExchange
 from proxy.chat.stream import ReplyAssembler
 from proxy.config.model import UpstreamConfig
+from proxy.context.tokens import counter_for
 from proxy.errors import Door, ProxyError, UpstreamError
 from proxy.http.asgi import respond
 from proxy.http.body import forward_headers, parse_object, read_body
 from proxy.messages.cache_marks import with_breakpoint
+from proxy.messages.context_edits import NO_EDITS, clear_thinking, context_edits
 from proxy.messages.stream import MessageAssembler
 from proxy.messages.view import anthropic_request, chat_usage, chat_view, check_request, reply_view
 from proxy.runtime import Runtime
@@ -55,6 +58,7 @@ class MessagesExchange(ChatExchange):
         self.body: dict[str, Any] = {}
         # How many chat messages the request itself reads as (the rest: stored history).
         self.view_len = 0
+        self.edits = NO_EDITS
 
     async def _run(self) -> Response:
         self.raw = await read_body(
@@ -67,11 +71,23 @@ class MessagesExchange(ChatExchange):
     async def plan(self, body: dict[str, Any], *, lock: bool = True) -> Decision:
         """The chat pipeline's plan over the request's chat view."""
         check_request(body)
+        self.edits = context_edits(body)
         self.body = body
         chat = {k: v for k, v in body.items() if k not in ("messages", "system")}
         chat["messages"] = chat_view(body)
         self.view_len = len(chat["messages"])
         return await super().plan(chat, lock=lock)
+
+    def _carries_out_edits(self) -> bool:
+        """Whether the proxy carries out the context edits (an Anthropic upstream does)."""
+        assert self.route is not None
+        return not self.rt.config.upstreams[self.route.upstream].anthropic
+
+    def _door_decision(self, decision: Decision) -> Decision:
+        edit = self.edits.tool_uses
+        if edit is None or not self._carries_out_edits():
+            return decision
+        return cleared(decision, edit, counter_for(self.model or "").count_message)
 
     async def _send(self, body: dict[str, Any]) -> Response:
         rt = self.rt
@@ -116,6 +132,11 @@ class MessagesExchange(ChatExchange):
             system, messages = body.get("system"), body["messages"]
         else:
             system, messages = anthropic_request(d.messages, body.get("system"))
+        keep = self.edits.thinking_turns
+        if keep is not None and self._carries_out_edits():
+            thinned = clear_thinking(messages, keep)
+            unchanged = unchanged and thinned == messages
+            messages = thinned
         placed = None
         if breakpoint:
             messages, placed = with_breakpoint(body, messages)

@@ -224,6 +224,8 @@ def anthropic_request(
             continue
         origin = message.get(ORIGIN)
         content = origin if isinstance(origin, list) else message.get("content")
+        if role == "assistant" and isinstance(content, list):
+            content = _with_inputs(content, message.get("tool_calls"))
         if isinstance(content, list) and not content:
             content = [{"type": "text", "text": ""}]
         # A user message read from one with tool results goes back into that message.
@@ -231,6 +233,28 @@ def anthropic_request(
     if added:
         system = _with_text(system, "\n\n".join(added))
     return system, out
+
+
+def _with_inputs(blocks: list[Any], calls: object) -> list[Any]:
+    """An assistant's blocks with each tool_use's input as its call now says (the proxy's
+    clearing may have emptied one); the blocks as they came when none changed."""
+    if not isinstance(calls, list):
+        return blocks
+    arguments = {
+        c.get("id"): c["function"].get("arguments")
+        for c in calls
+        if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)
+    }
+    out = blocks
+    for j, block in enumerate(blocks):
+        if not isinstance(block, Mapping) or block.get("type") != "tool_use":
+            continue
+        now = arguments.get(block.get("id"))
+        if isinstance(now, str) and now != _json(block.get("input", {})):
+            if out is blocks:
+                out = list(blocks)
+            out[j] = {**block, "input": orjson.loads(now)}
+    return out
 
 
 def tool_result(message: Mapping[str, Any]) -> dict[str, Any]:
