@@ -15,8 +15,8 @@ policy's decision back as content blocks:
   ``tool_use`` blocks as ``tool_calls``; ``thinking`` and
   ``redacted_thinking`` blocks stay in it (not counted: Anthropic drops
   earlier turns' thinking from the context), signatures untouched.
-- Images and documents become image and file parts, so they are counted
-  (as the chat door counts them).
+- Images and documents are priced by Anthropic's rules (proxy/messages/media.py);
+  a text document is counted as its text.
 
 Every message keeps the blocks it was read from under :data:`ORIGIN` (a
 structured field: not counted, stored with the message), so writing back is
@@ -34,7 +34,9 @@ from typing import Any
 
 import orjson
 
+from proxy.context.tokens import PRICED_PART
 from proxy.errors import InvalidRequest
+from proxy.messages.media import document_tokens, image_tokens
 
 # The chat message's field holding the Anthropic blocks it was read from.
 ORIGIN = "anthropic_blocks"
@@ -177,22 +179,26 @@ def parts(blocks: Sequence[Any]) -> list[dict[str, Any]]:
         if kind == _TEXT:
             out.append({"type": "text", "text": str(block.get("text", ""))})
         elif kind == "image":
-            out.append({"type": "image_url", "image_url": {"url": _source_url(block)}})
+            out.append({"type": PRICED_PART, "tokens": image_tokens(block)})
         elif kind == "document":
-            out.append({"type": "file", "file": {"filename": str(block.get("title") or "")}})
+            out.append(document_part(block))
         elif kind not in THINKING:
             # Server tool blocks, search results...: counted as their JSON.
             out.append({"type": "text", "text": _json({k: v for k, v in block.items()})})
     return out
 
 
-def _source_url(block: Mapping[str, Any]) -> str:
+def document_part(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A document as a part: its text where it is text, else priced (a PDF's pages)."""
     source = block.get("source")
-    if isinstance(source, Mapping):
-        if source.get("type") == "url":
-            return str(source.get("url", ""))
-        return f"data:{source.get('media_type', '')};base64,"  # the data itself is not needed
-    return ""
+    kind = source.get("type") if isinstance(source, Mapping) else None
+    if kind == "text" and isinstance(source, Mapping):
+        return {"type": "text", "text": str(source.get("data", ""))}
+    if kind == "content" and isinstance(source, Mapping):
+        inner = source.get("content")
+        text = inner if isinstance(inner, str) else system_text(inner)
+        return {"type": "text", "text": text}
+    return {"type": PRICED_PART, "tokens": document_tokens(block)}
 
 
 def _json(value: object) -> str:
