@@ -74,3 +74,35 @@ def test_the_preview_shows_the_content_blocks_a_messages_request_would_forward(
     assert preview["messages"] == messages[-1:]
     assert preview["decision"]["turns_dropped"] == 1
     assert claude.requests == []  # nothing was sent
+
+
+def test_a_summarize_policy_summarizes_through_the_anthropic_upstream_into_the_system(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"},
+        {"strategy": "summarize", "trigger": {"turns": 4}, "keep_last_turns": 2},
+    )
+    claude.script(Reply(text="## Goal\n- the user counts turns"), Reply(text="fine"))
+    messages: list[Any] = []
+    for i in range(6):
+        messages += [
+            {"role": "user", "content": f"turn {i}"},
+            {"role": "assistant", "content": f"reply {i}"},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    raw = sdk_client(proxy, session="s-sum").messages.with_raw_response.create(
+        model=MODEL, max_tokens=16, system="Be kind.", messages=messages
+    )
+    assert raw.parse().content[0].text == "fine"
+    summarizer, forwarded = claude.requests
+    # The summarizer's call is a Messages call on the same upstream, with the client's key.
+    assert summarizer.json["messages"][0]["role"] == "user"
+    assert "turn 0" in summarizer.json["messages"][0]["content"]
+    assert summarizer.headers["authorization"] == "Bearer sk-ant-client"
+    # The summary goes into the system, after the client's own; the newest turns verbatim.
+    assert forwarded.json["system"].startswith("Be kind.\n\n")
+    assert "the user counts turns" in forwarded.json["system"]
+    assert forwarded.json["messages"][-1] == {"role": "user", "content": "and now?"}
+    assert len(forwarded.json["messages"]) < len(messages)
+    assert raw.headers["x-context-summary"] in ("created", "used")
