@@ -2,8 +2,9 @@
 
 Anthropic caches a prefix only where a ``cache_control`` marker ends it, at
 most 4 per request. The client's markers stay exactly where it put them; the
-proxy adds one at the end of the stable prefix (the message before the newest
-user message: what the next request of the session starts with too) only
+proxy adds one at the end of the stable prefix (the last message before the newest
+user message and any recall block before it: what the next request of the session
+starts with too) only
 where the request leaves room, and never on a message the client marked or on
 a thinking block (which cannot carry one).
 """
@@ -37,7 +38,13 @@ def with_breakpoint(
         return messages, None
     if markers(body, messages) >= MAX_BREAKPOINTS:
         return messages, None
-    target = len(messages) - 2
+    # The last message before the closing run of user messages (the newest, and a
+    # recall block the proxy put before it, which changes from request to request).
+    target = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] != "user"), -1
+    )
+    if target < 0:
+        return messages, None
     message = messages[target]
     content = message.get("content")
     if isinstance(content, str):

@@ -104,7 +104,7 @@ def test_a_stream_is_relayed_byte_for_byte_and_its_reply_stored(
 
 
 def test_a_tool_round_trip_goes_through_as_the_sdk_sent_it(
-    proxy_for: Callable[..., ProxyServer], claude: FakeAnthropic
+    proxy_for: Callable[..., ProxyServer], claude: FakeAnthropic, tmp_path: Path
 ) -> None:
     proxy = proxy_for()
     tools: list[Any] = [
@@ -143,6 +143,10 @@ def test_a_tool_round_trip_goes_through_as_the_sdk_sent_it(
     assert sent[2]["content"] == [
         {"type": "tool_result", "tool_use_id": "toolu_fake_01", "content": "Sunny, 21C"}
     ]
+    # The session is one chain: the answer the SDK sent back is the one stored.
+    proxy.drain()
+    rows = query(tmp_path / "ctxproxy.db", "SELECT role FROM items ORDER BY id")
+    assert [r["role"] for r in rows] == ["user", "assistant", "tool", "assistant"]
 
 
 def test_a_streamed_tool_call_reaches_the_sdk_whole(

@@ -8,6 +8,7 @@ were and the proxy adds its one breakpoint only where there is room.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -180,3 +181,32 @@ def test_the_clients_cache_markers_stay_and_the_proxy_adds_one_only_where_there_
         ("messages", 2, 0),
     ]
     assert body["messages"] == full
+
+
+def test_recall_brings_a_dropped_turn_back_before_the_newest_message(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"},
+        {"strategy": "trim", "max_turns": 3, "recall": {"max_tokens": 300, "neighbors": 1}},
+    )
+    client = sdk_client(proxy, session="s-recall")
+    order = "My order number is 88412-KX, deliver it to 17 Quai des Celestins, Lyon."
+    history: list[Any] = []
+    for t in range(1, 9):
+        text = order if t == 2 else f"Turn {t}: tell me about topic {t}, please."
+        if t == 8:
+            text = "Remind me, what delivery address did I give for the order?"
+        history.append({"role": "user", "content": [{"type": "text", "text": text}]})
+        claude.script(Reply(text=f"answer {t}"))
+        raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=16, messages=history)
+        history.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {t}"}]})
+        proxy.drain()
+    assert raw.headers["x-context-recall"] == "recalled"
+    sent = claude.requests[-1].json["messages"]
+    # The dropped turn is back, quoted in a user message right before the question.
+    assert order not in json.dumps(sent[:-2])
+    assert sent[-2]["role"] == "user" and "88412-KX" in json.dumps(sent[-2])
+    assert sent[-1] == history[-2]
+    # The proxy's breakpoint ends the stable prefix, before the recall block.
+    assert marks(claude.requests[-1].json) == [("messages", len(sent) - 3, 0)]
