@@ -61,9 +61,10 @@ async def models(request: Request) -> Response:
     try:
         path = request.url.path.removeprefix("/v1")
         answers = await asyncio.gather(*(_ask(rt, request, n, path) for n in _compatible(rt)))
+        anthropic = wants_anthropic(request.headers)
         if path.rstrip("/") == "/models":
-            return _merged(answers, anthropic=wants_anthropic(request.headers))
-        return _first_found(answers)
+            return _merged(answers, anthropic=anthropic)
+        return _first_found(answers, anthropic=anthropic)
     finally:
         rt.release()
 
@@ -149,15 +150,31 @@ def _all_failed(answers: list[_Answer]) -> Response:
     return error_response(UpstreamError(f"No upstream could list its models ({reasons})."))
 
 
-def _first_found(answers: list[_Answer]) -> Response:
+def _first_found(answers: list[_Answer], *, anthropic: bool = False) -> Response:
     for answer in answers:
         if answer.status == 200:
-            return _relayed(answer)
+            return _relayed(_in_shape(answer, anthropic))
     for answer in answers:
         if answer.status is not None:
             return _relayed(answer)
     reasons = "; ".join(f"{a.upstream}: {a.error}" for a in answers)
     return error_response(UpstreamError(f"No upstream could be asked for this model ({reasons})."))
+
+
+def _in_shape(answer: _Answer, anthropic: bool) -> _Answer:
+    """One model's entry in the client's dialect (an entry that is not one: as it came)."""
+    try:
+        entry = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        return answer
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+        return answer
+    shaped = anthropic_model(entry) if anthropic else openai_model(entry)
+    if shaped is entry:
+        return answer
+    headers = [(k, v) for k, v in answer.headers or [] if k.lower() != "content-type"]
+    headers.append(("content-type", "application/json"))
+    return _Answer(answer.upstream, answer.status, headers, orjson.dumps(shaped))
 
 
 def _relayed(answer: _Answer) -> Response:

@@ -93,6 +93,9 @@ def test_models_answer_in_anthropics_shape_to_an_anthropic_client_and_openais_ot
     assert plain["object"] == "list"
     assert [m["id"] for m in plain["data"]] == ids
     assert all(m["object"] == "model" for m in plain["data"])
+    # One model, too: the SDK's retrieve reads Anthropic's shape.
+    one = sdk_client(proxy).models.retrieve("gpt-4o-mini")
+    assert one.type == "model" and one.id == "gpt-4o-mini" and one.max_input_tokens == 128000
 
 
 def test_an_upstream_error_reaches_the_sdk_as_anthropic_sent_it(
