@@ -57,6 +57,7 @@ async def count_tokens(request: Request) -> Response:
                         exchange.header_items, config, rt.config.session.header
                     ),
                     body=exchange.forwarded(body, breakpoint=False),
+                    query=request.url.query,
                 )
             )
             try:

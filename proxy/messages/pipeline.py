@@ -112,6 +112,8 @@ class MessagesExchange(ChatExchange):
                 body=forwarded,
                 json=None if config.anthropic else orjson.loads(forwarded),
                 stream=self.stream,
+                # Claude Code asks for /v1/messages?beta=true: an Anthropic upstream gets it.
+                query=self.request.url.query if config.anthropic else "",
             )
         )
         self.upstream_ms = (time.perf_counter() - sent) * 1000

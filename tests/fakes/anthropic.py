@@ -97,6 +97,7 @@ class RecordedRequest:
     # Header names lower-cased.
     headers: dict[str, str]
     json: dict[str, Any]
+    query: str = ""
 
 
 @dataclass
@@ -168,6 +169,7 @@ class FakeAnthropic:
                 path=request.path,
                 headers={k.lower(): v for k, v in request.headers.items()},
                 json=body,
+                query=request.query_string,
             )
         )
         return body

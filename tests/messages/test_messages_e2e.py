@@ -79,12 +79,14 @@ def test_a_stream_is_relayed_byte_for_byte_and_its_reply_stored(
         "messages": [{"role": "user", "content": "Count."}],
     }
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", **SESSION}
-    with httpx.stream("POST", f"{proxy.url}/v1/messages", json=body, headers=headers) as r:
+    url = f"{proxy.url}/v1/messages?beta=true"  # as Claude Code asks
+    with httpx.stream("POST", url, json=body, headers=headers) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         received = b"".join(r.iter_raw())
     assert received == bytes(claude.last_stream)
     assert claude.requests[0].headers["x-api-key"] == "k"
+    assert claude.requests[0].query == "beta=true"
     assert claude.requests[0].headers["anthropic-version"] == "2023-06-01"
     # And the SDK reads the same stream into its message.
     claude.script(Reply(text="One two three."))
