@@ -111,6 +111,9 @@ class FakeAnthropic:
     prefix_cache: AnthropicPrefixCache | None = None
     # Validate bodies and events against the anthropic SDK's types (see the docstring).
     strict: bool = False
+    # usage.input_tokens: the request's own size (its blocks, counted) instead of the
+    # reply's fixed figure, as a real upstream reports it (the proxy calibrates from it).
+    count_input: bool = False
     problems: list[str] = field(default_factory=list)
     # The bytes of the last stream sent, for byte-for-byte checks of a relay.
     last_stream: bytearray = field(default_factory=bytearray)
@@ -228,6 +231,9 @@ class FakeAnthropic:
                 "cache_read_input_tokens": result.cached_tokens,
                 "cache_creation_input_tokens": result.written_tokens,
             }
+        elif self.count_input:
+            counted, _ = anthropic_blocks(body)
+            self._cache_usage = {"input_tokens": sum(tokens for _, tokens in counted)}
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.status != 200:

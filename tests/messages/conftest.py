@@ -16,8 +16,9 @@ from tests.harness import LoopThread, ProxyServer
 
 @pytest.fixture
 def claude(loop_thread: LoopThread) -> Iterator[FakeAnthropic]:
-    """A fake Anthropic upstream that checks bodies and events against the SDK's types."""
-    fake = FakeAnthropic(strict=True)
+    """A fake Anthropic upstream that checks bodies and events against the SDK's types,
+    and reports the request's own size as its input tokens."""
+    fake = FakeAnthropic(strict=True, count_input=True)
     loop_thread.run(fake.start())
     yield fake
     loop_thread.run(fake.stop())

@@ -58,7 +58,7 @@ def test_a_plain_message_reaches_the_upstream_as_sent_and_the_answer_the_client(
     proxy.drain()
     db = tmp_path / "ctxproxy.db"
     rows = query(db, "SELECT route, status, model, upstream_prompt_tokens FROM requests")
-    assert [tuple(r) for r in rows] == [("routes[0]", 200, MODEL, 11)]
+    assert [tuple(r) for r in rows] == [("routes[0]", 200, MODEL, answer.usage.input_tokens)]
     stored = [
         json.loads(r["message"])
         for r in query(db, "SELECT message_json AS message FROM items ORDER BY id")

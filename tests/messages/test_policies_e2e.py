@@ -8,6 +8,7 @@ were and the proxy adds its one breakpoint only where there is room.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -210,3 +211,40 @@ def test_recall_brings_a_dropped_turn_back_before_the_newest_message(
     assert sent[-1] == history[-2]
     # The proxy's breakpoint ends the stable prefix, before the recall block.
     assert marks(claude.requests[-1].json) == [("messages", len(sent) - 3, 0)]
+
+
+def without_marks(messages: list[dict[str, Any]]) -> list[Any]:
+    return [
+        {
+            **m,
+            "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]]
+            if isinstance(m["content"], list)
+            else m["content"],
+        }
+        for m in messages
+    ]
+
+
+def test_the_forwarded_prefix_holds_between_the_trims_hysteresis_jumps(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"},
+        {"strategy": "trim", "max_tokens": 3000, "low_water": 0.6},
+    )
+    client = sdk_client(proxy, session="s-stable")
+    history = tool_conversation(24)
+    for cut in range(3, len(history) + 1, 2):  # one agent step at a time
+        claude.script(Reply(text="ok"))
+        client.messages.create(model=MODEL, max_tokens=8, messages=history[:cut])
+    sent = [without_marks(r.json["messages"]) for r in claude.requests]
+    kept_prefix = [
+        len(after) >= len(before) and after[: len(before)] == before
+        for before, after in itertools.pairwise(sent)
+    ]
+    # Trimmed at all, and the prefix moved only at a few jumps, not on every request.
+    assert len(sent[-1]) < len(history)
+    jumps = kept_prefix.count(False)
+    assert 0 < jumps <= len(kept_prefix) // 4, kept_prefix
+    for messages in sent:
+        check_pairs(messages)
