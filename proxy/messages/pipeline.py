@@ -55,7 +55,6 @@ class MessagesExchange(ChatExchange):
 
     def __init__(self, rt: Runtime, request: Request) -> None:
         super().__init__(rt, request)
-        self.body: dict[str, Any] = {}
         # How many chat messages the request itself reads as (the rest: stored history).
         self.view_len = 0
         self.edits = NO_EDITS
@@ -72,7 +71,6 @@ class MessagesExchange(ChatExchange):
         """The chat pipeline's plan over the request's chat view."""
         check_request(body)
         self.edits = context_edits(body)
-        self.body = body
         chat = {k: v for k, v in body.items() if k not in ("messages", "system")}
         chat["messages"] = chat_view(body)
         self.view_len = len(chat["messages"])
