@@ -135,6 +135,10 @@ class MessagesBridge:
             )
         except self._lib.errors as exc:
             return self._failure(exc)
+        except (TypeError, ValueError) as exc:
+            # litellm's own checks of the request ("messages is required ..."): the
+            # client's to fix, said in Anthropic's words.
+            return JsonResponse(400, error_body(f"The request cannot be translated: {exc}", 400))
         if not kwargs.get("stream"):
             data = result if isinstance(result, dict) else orjson.loads(orjson.dumps(result))
             return JsonResponse(200, orjson.dumps({**data, "model": client_model}))

@@ -43,7 +43,14 @@ from proxy.http.body import forward_headers, parse_object, read_body
 from proxy.messages.cache_marks import with_breakpoint
 from proxy.messages.context_edits import NO_EDITS, clear_thinking, context_edits
 from proxy.messages.stream import MessageAssembler
-from proxy.messages.view import anthropic_request, chat_usage, chat_view, check_request, reply_view
+from proxy.messages.view import (
+    anthropic_request,
+    chat_usage,
+    chat_view,
+    check_max_tokens,
+    check_request,
+    reply_view,
+)
 from proxy.runtime import Runtime
 from proxy.upstream.base import Upstream, UpstreamRequest
 
@@ -64,6 +71,7 @@ class MessagesExchange(ChatExchange):
             self.request, self.rt.config.server.max_body_bytes, self.rt.config.server.body_timeout_s
         )
         body = parse_object(self.raw)
+        check_max_tokens(body)
         await self.plan(body)
         return await self._send(body)
 

@@ -50,6 +50,13 @@ def _bad(param: str, message: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {message}", param=param, code="invalid_value")
 
 
+def check_max_tokens(body: Mapping[str, Any]) -> None:
+    """``max_tokens``: required of a message request (not of count_tokens)."""
+    value = body.get("max_tokens")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest("max_tokens: Field required (an integer >= 1).", param="max_tokens")
+
+
 def check_request(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The body's fields this door reads, checked; its messages."""
     model = body.get("model")

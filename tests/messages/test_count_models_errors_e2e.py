@@ -185,3 +185,20 @@ def test_client_keys_accept_x_api_key_and_refuse_others_in_anthropics_shape(
         "type": "error",
         "error": {"type": "authentication_error", "message": "Invalid or missing client API key."},
     }
+
+
+def test_requests_litellm_cannot_translate_are_400s_not_500s(
+    fake: tuple[FakeUpstream, AiohttpServer], start_messages: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_messages({"base_url": f"{fake[1].url}/v1"})
+    url, headers = f"{proxy.url}/v1/messages", {"x-api-key": "k"}
+    user = [{"role": "user", "content": "hi"}]
+    missing = httpx.post(url, json={"model": "gpt-4o", "messages": user}, headers=headers)
+    assert missing.status_code == 400
+    assert missing.json()["error"]["message"].startswith("max_tokens: Field required")
+    empty = httpx.post(
+        url, json={"model": "gpt-4o", "max_tokens": 5, "messages": []}, headers=headers
+    )
+    assert empty.status_code == 400
+    assert empty.json()["error"]["type"] == "invalid_request_error"
+    assert fake[0].received == []
