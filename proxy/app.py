@@ -21,12 +21,14 @@ from proxy.context.calibration import Calibration
 from proxy.context.model_info import load_model_map, offline_environment
 from proxy.context.tokens import preload_encodings
 from proxy.coordination.setup import build_coordinator
-from proxy.errors import InvalidRequest, NotFound, ProxyError
+from proxy.errors import InvalidRequest, NotFound, ProxyError, door_of
 from proxy.heap import IdleTrim
 from proxy.http.asgi import Endpoint
 from proxy.http.body import error_response
 from proxy.http.client_keys import ClientKeyGuard
 from proxy.http.guard import ErrorGuard
+from proxy.messages.count import count_tokens
+from proxy.messages.pipeline import messages_endpoint
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
 from proxy.ops.health import Lifecycle, WarmUpGate, healthz, readyz
@@ -58,7 +60,7 @@ compact_endpoint = Endpoint(compact_response)
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
-    return error_response(exc)
+    return error_response(exc, door=door_of(request.url.path))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -68,7 +70,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         error = NotFound(f"Unknown path: {request.url.path}")
     else:
         error = InvalidRequest(str(exc.detail), status=exc.status_code, code="http_error")
-    return error_response(error, exc.headers)
+    return error_response(error, exc.headers, door_of(request.url.path))
 
 
 class ProxyApp(Starlette):
@@ -183,9 +185,15 @@ def create_app(
             await runtime.close()
 
     app = ProxyApp(
-        hot={"/v1/chat/completions": chat_completions, "/v1/responses": responses_endpoint},
+        hot={
+            "/v1/chat/completions": chat_completions,
+            "/v1/responses": responses_endpoint,
+            "/v1/messages": messages_endpoint,
+        },
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/messages", messages_endpoint, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/v1/responses", responses_endpoint, methods=["POST"]),
             Route("/v1/responses/compact", compact_endpoint, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),

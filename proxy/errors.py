@@ -1,13 +1,17 @@
-"""One error hierarchy; every error a client sees has OpenAI's JSON shape.
+"""One error hierarchy; every error a client sees has its door's JSON shape.
 
+OpenAI's doors (chat completions, Responses and the rest of ``/v1``):
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``
+
+Anthropic's (``/v1/messages``): ``{"type": "error", "error": {"type": ..., "message": ...}}``,
+the type read off the status as Anthropic's API names them (:func:`anthropic_type`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -49,6 +53,49 @@ class ProxyError(Exception):
 
     def body_bytes(self) -> bytes:
         return orjson.dumps(self.body())
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """The error in the Anthropic Messages API's shape."""
+        return {
+            "type": "error",
+            "error": {"type": anthropic_type(self.status), "message": self.message},
+        }
+
+    def door_bytes(self, door: Door) -> bytes:
+        """The body in ``door``'s shape."""
+        return orjson.dumps(self.anthropic_body() if door == "anthropic" else self.body())
+
+
+# Which dialect a front door answers errors in.
+Door = Literal["openai", "anthropic"]
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def door_of(path: str) -> Door:
+    """The door a request path belongs to: ``/v1/messages...`` is Anthropic's."""
+    return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for ``status``: its own name, else by class (4xx / 5xx)."""
+    known = _ANTHROPIC_TYPES.get(status)
+    if known is not None:
+        return known
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
 class InvalidRequest(ProxyError):

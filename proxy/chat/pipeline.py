@@ -48,7 +48,15 @@ def validate_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 class ChatExchange(ExchangeRelay):
-    """One request's journey through the pipeline (the endpoint's steps)."""
+    """One request's journey through the pipeline (the endpoint's steps).
+
+    Another door (proxy/messages/) runs the same steps over the chat messages it
+    read its dialect into: :meth:`plan` takes them, ``_send`` is the door's own.
+    """
+
+    # Whether the body's messages are the request bytes' own (False: a door's
+    # translation, so the message cache keeps no byte prefix of them).
+    wire_messages = True
 
     # -- the pipeline ---------------------------------------------------------
 
@@ -57,7 +65,7 @@ class ChatExchange(ExchangeRelay):
             return await self._run()
         except ProxyError as error:
             self._finish_failed(error.status, error)
-            return error_response(error, self._headers())
+            return error_response(error, self._headers(), self.door)
         except BaseException:
             # Unexpected: the app's last-resort handler answers; never leave a session locked.
             self._unlock()
@@ -160,7 +168,11 @@ class ChatExchange(ExchangeRelay):
             # Each message's identity in the store (and the token cache's key) and
             # its token count; what the session sent before is not done again.
             self.stored = rt.messages.messages(
-                self.ref, self.conversation, counter, lookup=lookup, body=(self.raw, body)
+                self.ref,
+                self.conversation,
+                counter,
+                lookup=lookup,
+                body=(self.raw, body) if self.wire_messages else None,
             )
             self.hashes = [m.content_hash for m in self.stored]
             counts = [m.token_count or 0 for m in self.stored]
@@ -205,6 +217,8 @@ class ChatExchange(ExchangeRelay):
                 memo=rt.summaries.memo,
                 ref=self.ref,
             )
+        # A door's own context features over the policy's decision (Anthropic's edits).
+        self.decision = self._door_decision(self.decision)
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited
         # Measured on the policy's list: a recall block goes after the stable prefix.
@@ -224,6 +238,10 @@ class ChatExchange(ExchangeRelay):
                 sizes=counts,
             )
         return self.decision
+
+    def _door_decision(self, decision: Decision) -> Decision:
+        """The decision as the door's own features leave it (chat has none)."""
+        return decision
 
     async def _send(self, body: dict[str, Any]) -> Response:
         rt = self.rt

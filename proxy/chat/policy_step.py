@@ -80,7 +80,10 @@ async def summarize(
     count = rt.rewriter.counter(conversation, model, hashes, counts=counts)
     tokens = conversation_tokens(spec, conversation, count, counts)
     budget, factor = rt.rewriter.budget(spec, body, model, tokens=tokens)
-    auth = {"authorization": headers["authorization"]} if "authorization" in headers else {}
+    # The client's key and API version, for a summarizer on its upstream.
+    auth = {
+        k: headers[k] for k in ("authorization", "x-api-key", "anthropic-version") if k in headers
+    }
     upstream_configs, upstreams = rt.config.upstreams, rt.upstreams
 
     def summarizer() -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat.finish import ExchangeFinish
-from proxy.chat.stream import ChatReplyAssembler, before_done, reply_from_completion, unfinished
+from proxy.chat.stream import ChatReplyAssembler, ReplyAssembler, reply_from_completion
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import ProxyError, UpstreamError
 from proxy.http.body import error_response, relay_headers
@@ -40,7 +40,7 @@ class ExchangeRelay(ExchangeFinish):
             content = await response.read()
         except ProxyError as error:
             self._finish_failed(error.status, error, upstream_status=response.status)
-            return error_response(error, self._headers())
+            return error_response(error, self._headers(), self.door)
         # The headers first: nothing is recorded for an answer that could not be sent.
         out = Response(content, status_code=response.status)
         out.raw_headers = relay_headers(response.headers, self._headers())
@@ -99,8 +99,16 @@ class ExchangeRelay(ExchangeFinish):
             failed=invalid is not None,
         )
 
+    def _assembler(self) -> ReplyAssembler:
+        """What reads the relayed stream's reply (a door reads its own events)."""
+        return ChatReplyAssembler()
+
+    def _stream_error(self, error: ProxyError) -> bytes:
+        """An error told in-stream, the headers being gone already (as OpenAI does)."""
+        return b"data: " + error.body_bytes() + b"\n\n"
+
     def _relay_stream(self, response: UpstreamResponse) -> Response:
-        assembler = ChatReplyAssembler()
+        assembler = self._assembler()
 
         durable = self._durable()
 
@@ -115,7 +123,7 @@ class ExchangeRelay(ExchangeFinish):
                         # The client is told before the end marker, and never gets it
                         # (its SDK stops reading there): the turn is not stored, so
                         # the client and the stored history agree that it failed.
-                        yield before_done(chunk)
+                        yield assembler.before_end(chunk)
                         break
                     if assembler.whole and not counted:
                         counted = True
@@ -127,14 +135,14 @@ class ExchangeRelay(ExchangeFinish):
                             finished = True
                             await self._committed(self._finish_stream(assembler, None, None))
                     yield chunk
-                error = unfinished(assembler)
+                error = assembler.unfinished()
                 if error is not None:
-                    event = self._stream_error(error)
+                    event = self._unfinished_event(error)
                     if not assembler.errored:  # else the client has the upstream's own
                         yield event
             except UpstreamError as exc:
                 error = exc
-                yield self._stream_error(exc)
+                yield self._unfinished_event(exc)
             finally:
                 self.rt.metrics.active_streams.dec()
                 if finished:
@@ -146,15 +154,15 @@ class ExchangeRelay(ExchangeFinish):
         out.raw_headers = relay_headers(response.headers, self._headers())
         return out
 
-    def _stream_error(self, error: ProxyError) -> bytes:
-        """Headers are gone already: the client is told in-stream, as OpenAI does."""
+    def _unfinished_event(self, error: ProxyError) -> bytes:
+        """The in-stream event telling the client its stream did not end whole, counted."""
         route = self.route.name if self.route is not None else "none"
         self.rt.metrics.unfinished_streams.inc((route, error.code or error.type))
-        return b"data: " + error.body_bytes() + b"\n\n"
+        return self._stream_error(error)
 
     def _finish_stream(
         self,
-        assembler: ChatReplyAssembler,
+        assembler: ReplyAssembler,
         error: ProxyError | None,
         upstream: UpstreamResponse | None,
     ) -> asyncio.Future[Any] | None:
@@ -162,7 +170,7 @@ class ExchangeRelay(ExchangeFinish):
         the client was sent an error instead of the end marker)."""
         malformed = assembler.malformed > 0
         if malformed and error is None:
-            error = unfinished(assembler)
+            error = assembler.unfinished()
         return self._finish(
             200,
             assembler.message() if assembler.chunks else None,

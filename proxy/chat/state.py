@@ -21,6 +21,7 @@ from proxy.chat.recall_step import recall_headers
 from proxy.config.model import RouteConfig
 from proxy.context.recall import RecallOutcome
 from proxy.context.summaries import SummaryContext, SummaryOutcome
+from proxy.errors import Door
 from proxy.http.client_keys import request_tenant
 from proxy.http.sessions import ANONYMOUS_TENANT, header_value
 from proxy.runtime import Runtime
@@ -36,6 +37,8 @@ class ExchangeState:
     """One request's journey; its fields are what the log line and the request row say."""
 
     endpoint = "/v1/chat/completions"
+    # The dialect its errors are answered in (proxy/errors.py).
+    door: Door = "openai"
 
     def __init__(self, rt: Runtime, request: Request) -> None:
         self.rt = rt

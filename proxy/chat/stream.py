@@ -6,11 +6,48 @@ a copy, so a malformed or unknown event never disturbs the relay.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from proxy.errors import UpstreamError
+
+
+class ReplyAssembler(Protocol):
+    """What the relay reads a streamed reply with (chat's below; each door has its own)."""
+
+    chunks: int
+    malformed: int
+    # The door's end marker arrived (chat: data: [DONE]; Messages: message_stop).
+    done: bool
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    @property
+    def errored(self) -> bool:
+        """The upstream sent an error event of its own (it reached the client as sent)."""
+        ...
+
+    def unfinished(self) -> UpstreamError | None:
+        """Why the stream, now ended, is not a whole answer (None: it is one)."""
+        ...
+
+    def before_end(self, chunk: bytes) -> bytes:
+        """The part of ``chunk`` before the end marker's event."""
+        ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def whole(self) -> bool: ...
+
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+    def message(self) -> dict[str, Any]:
+        """The reply as the chat message the store keeps."""
+        ...
 
 
 class SSEParser:
@@ -59,6 +96,12 @@ class ChatReplyAssembler:
         # The upstream sent an error event of its own (it reached the client as sent).
         self.errored = False
         self.truncated = False
+
+    def unfinished(self) -> UpstreamError | None:
+        return unfinished(self)
+
+    def before_end(self, chunk: bytes) -> bytes:
+        return before_done(chunk)
 
     def feed(self, chunk: bytes) -> None:
         for data in self._parser.feed(chunk):

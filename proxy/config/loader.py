@@ -163,6 +163,7 @@ def _upstream_at(name: str, raw: Any) -> UpstreamConfig:
             "headers",
             "responses",
             "cache",
+            "api",
         },
     )
     return _upstream(name, node)
@@ -178,6 +179,11 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
     responses = node.text("responses", "bridge" if model else "native")
     if responses not in ("native", "bridge"):
         raise ConfigError(node.at("responses"), f"must be native or bridge, got {responses!r}")
+    api = node.text("api", "openai")
+    if api not in ("openai", "anthropic"):
+        raise ConfigError(node.at("api"), f"must be openai or anthropic, got {api!r}")
+    if api == "anthropic" and base_url is None:
+        raise ConfigError(node.at("api"), "anthropic needs a base_url (the Messages API's /v1)")
     if model is not None and responses == "native":
         raise ConfigError(
             node.at("responses"),
@@ -194,6 +200,7 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
         cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+        api="anthropic" if api == "anthropic" else "openai",
     )
 
 

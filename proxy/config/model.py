@@ -131,6 +131,14 @@ class UpstreamConfig:
     # "bridge" translates to chat completions and back (litellm_model: always).
     responses: Literal["native", "bridge"] = "native"
     cache: CacheConfig = CacheConfig()
+    # Which API ``base_url`` speaks: "openai" (chat completions, Responses) or
+    # "anthropic" (the Messages API: /v1/messages is forwarded to it natively).
+    api: Literal["openai", "anthropic"] = "openai"
+
+    @property
+    def anthropic(self) -> bool:
+        """Whether /v1/messages goes to this upstream as it came (no translation)."""
+        return self.api == "anthropic" and self.base_url is not None
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,11 @@ UPSTREAM = obj(
             "native",
             "bridge",
         ),
+        "api": choice(
+            "What base_url speaks: openai, or anthropic (/v1/messages forwarded natively).",
+            "openai",
+            "anthropic",
+        ),
         "cache": obj(
             "Prompt-cache hints the proxy adds.",
             {

@@ -57,6 +57,7 @@ from proxy.context.circuit import Breaker
 from proxy.context.plan_memo import PlanMemo, PlannedView, StoredStates, plan_key, summary_state
 from proxy.context.summarizer import (
     EXTRACTIVE_MODEL,
+    AnthropicSummarizer,
     ExtractiveSummarizer,
     LLMSummarizer,
     Summarizer,
@@ -473,10 +474,18 @@ def build_summarizer(
     which = spec.upstream or upstream
     config = upstream_configs[which]
     headers = {k.lower(): v for k, v in config.headers.items()}
-    if config.api_key is not None:
+    if config.api_key is not None and config.anthropic:
+        headers["x-api-key"] = config.api_key
+    elif config.api_key is not None:
         headers["authorization"] = f"Bearer {config.api_key}"
-    elif "authorization" in client_headers:
-        headers["authorization"] = client_headers["authorization"]
-    return LLMSummarizer(
+    else:
+        # The client's own key (Anthropic's clients may send it as x-api-key).
+        headers.update(
+            (k, v) for k, v in client_headers.items() if k in ("authorization", "x-api-key")
+        )
+    if config.anthropic and "anthropic-version" in client_headers:
+        headers["anthropic-version"] = client_headers["anthropic-version"]
+    kind = AnthropicSummarizer if config.anthropic else LLMSummarizer
+    return kind(
         upstreams[which], model=name, prompt=spec.prompt, timeout_s=spec.timeout_s, headers=headers
     )

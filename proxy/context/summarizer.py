@@ -159,14 +159,19 @@ class LLMSummarizer:
             raise SummaryFailed("error", f"the upstream answered {status}: {content[:200]!r}")
         return self._parse(content)
 
+    # Where the call goes below the upstream's base URL, and what it answers.
+    path = "/chat/completions"
+    answer = "a chat completion"
+
+    def _call(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """The body and headers a call sends (a chat completion as it is)."""
+        return body, dict(self.headers)
+
     async def _send(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        call, headers = self._call(body)
         response = await self.upstream.send(
             UpstreamRequest(
-                method="POST",
-                path="/chat/completions",
-                headers=dict(self.headers),
-                body=orjson.dumps(body),
-                json=body,
+                method="POST", path=self.path, headers=headers, body=orjson.dumps(call), json=call
             )
         )
         try:
@@ -174,13 +179,17 @@ class LLMSummarizer:
         finally:
             await response.close()
 
+    def _text(self, data: Any) -> object:
+        """The answer's text (a chat completion's); raises a lookup or type error if none."""
+        message = data["choices"][0]["message"]
+        return message.get("content") if isinstance(message, dict) else None
+
     def _parse(self, content: bytes) -> SummaryOutput:
         try:
             data = orjson.loads(content)
-            message = data["choices"][0]["message"]
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise SummaryFailed("error", "the answer is not a chat completion") from exc
-        text = message.get("content") if isinstance(message, dict) else None
+            text = self._text(data)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise SummaryFailed("error", f"the answer is not {self.answer}") from exc
         if not isinstance(text, str) or not text.strip():
             raise SummaryFailed("empty", "the summarizer answered with no text")
         usage = data.get("usage")
@@ -190,6 +199,29 @@ class LLMSummarizer:
             model=model if isinstance(model, str) else self.model,
             usage=usage if isinstance(usage, dict) else None,
         )
+
+
+class AnthropicSummarizer(LLMSummarizer):
+    """The summarizer on an ``api: anthropic`` upstream: a Messages API call."""
+
+    # The API version a call is made with when the client sent none.
+    VERSION = "2023-06-01"
+
+    path = "/messages"
+    answer = "a message"
+
+    def _call(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        system, task = body["messages"]
+        call = {
+            "model": body["model"],
+            "system": system["content"],
+            "messages": [task],
+            "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 1024,
+        }
+        return call, {"anthropic-version": self.VERSION, **self.headers}
+
+    def _text(self, data: Any) -> object:
+        return "".join(b.get("text", "") for b in data["content"] if b.get("type") == "text")
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")

@@ -43,6 +43,9 @@ IMAGE_LOW = 85
 IMAGE_DEFAULT = 765
 # Audio and file parts: a placeholder of one default image until calibrated.
 MEDIA_ESTIMATE = 765
+# A content part whose price in tokens a front door computed: {"type": PRICED_PART,
+# "tokens": n} (proxy/messages/media.py prices Anthropic's images and documents).
+PRICED_PART = "ctxproxy_priced"
 CACHE_SIZE = 100_000
 # The encodings litellm bundles; anything else would be downloaded.
 SUPPORTED_ENCODINGS = ("o200k_base", "cl100k_base")
@@ -446,6 +449,10 @@ class TiktokenCounter:
         if kind in ("text", "refusal", "input_text", "output_text"):
             text = part.get(kind if kind == "refusal" else "text")
             return self._text(text) if isinstance(text, str) else 0
+        if kind == PRICED_PART:
+            # A door that knows what a part costs (Anthropic's images) says so.
+            priced = part.get("tokens")
+            return priced if isinstance(priced, int) and priced >= 0 else MEDIA_ESTIMATE
         if kind in ("image_url", "input_image"):
             image = part.get("image_url")
             detail = image.get("detail") if isinstance(image, Mapping) else part.get("detail")

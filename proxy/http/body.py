@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.config.model import UpstreamConfig
-from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.errors import Door, InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout
 from proxy.http.content_encoding import codings
 from proxy.http.content_encoding import decode as decoded
 from proxy.http.shape import MAX_DEPTH, check_depth
@@ -170,15 +170,22 @@ def forward_headers(
     base = _NOT_FORWARDED if encoded else _NOT_FORWARDED_DECODED
     skip = base | {session_header.lower(), "x-context-mode"}
     out = {k: v for k, v in headers if k not in skip}
-    if upstream.api_key is not None:
+    if upstream.api_key is not None and upstream.anthropic:
+        # Anthropic's API takes its key as x-api-key, in place of the client's.
+        out.pop("authorization", None)
+        out["x-api-key"] = upstream.api_key
+    elif upstream.api_key is not None:
         out["authorization"] = f"Bearer {upstream.api_key}"
     out.update({k.lower(): v for k, v in upstream.headers.items()})
     return out
 
 
-def error_response(error: ProxyError, headers: Mapping[str, str] | None = None) -> Response:
+def error_response(
+    error: ProxyError, headers: Mapping[str, str] | None = None, door: Door = "openai"
+) -> Response:
+    """``error`` answered in ``door``'s JSON shape (proxy/errors.py)."""
     return Response(
-        error.body_bytes(),
+        error.door_bytes(door),
         status_code=error.status,
         media_type="application/json",
         headers={**(headers or {}), **error.headers},

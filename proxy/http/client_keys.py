@@ -1,10 +1,11 @@
 """Client keys (``server.client_keys``): who may use the proxy, and as which tenant.
 
 With client keys configured, every ``/v1/...`` call and ``/metrics`` must
-carry one (``Authorization: Bearer <key>``), checked before routing with a
+carry one (``Authorization: Bearer <key>``, or ``x-api-key: <key>`` as
+Anthropic's clients send it), checked before routing with a
 constant-time comparison of its SHA-256 against every configured hash;
 anything else is a 401 in OpenAI's shape. The key's *name* becomes the
-request's tenant, and the client's ``Authorization`` header is consumed here:
+request's tenant, and the client's ``Authorization`` (and ``x-api-key``) header is consumed here:
 it never reaches an upstream (which uses its own ``api_key``). ``/healthz``,
 ``/readyz`` and ``/admin`` (which has its own key) are not covered.
 
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.config.model import ClientKey
-from proxy.errors import Unauthorized
+from proxy.errors import Unauthorized, door_of
 from proxy.http.sessions import bearer_token, tenant_of
 
 # Where the guard leaves the authenticated key's name, in the ASGI scope.
@@ -54,6 +55,10 @@ def request_tenant(
     return anonymous
 
 
+# The client's key headers: consumed by the guard, never forwarded upstream.
+_CONSUMED = frozenset({b"authorization", b"x-api-key"})
+
+
 def _guarded(path: str) -> bool:
     return path.startswith("/v1/") or path in ("/v1", "/metrics")
 
@@ -69,9 +74,13 @@ class ClientKeyGuard:
             return
         raw = scope["headers"]
         value = next((v for k, v in raw if k == b"authorization"), b"").decode("latin-1")
-        name = match_key(self.keys, bearer_token({"authorization": value}) if value else None)
+        # Anthropic's clients send their key as x-api-key (Claude Code, the SDKs).
+        api_key = next((v for k, v in raw if k == b"x-api-key"), b"").decode("latin-1")
+        token = bearer_token({"authorization": value}) if value else api_key or None
+        name = match_key(self.keys, token)
         if name is None:
-            body = Unauthorized("Invalid or missing client API key.").body_bytes()
+            error = Unauthorized("Invalid or missing client API key.")
+            body = error.door_bytes(door_of(scope["path"]))
             await send(
                 {
                     "type": "http.response.start",
@@ -86,6 +95,6 @@ class ClientKeyGuard:
             await send({"type": "http.response.body", "body": body})
             return
         scope = dict(scope)
-        scope["headers"] = [(k, v) for k, v in raw if k != b"authorization"]
+        scope["headers"] = [(k, v) for k, v in raw if k not in _CONSUMED]
         scope[TENANT_SCOPE_KEY] = name
         await self.app(scope, receive, send)

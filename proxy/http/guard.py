@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, door_of
 from proxy.telemetry.logging import get_logger
 
 log = get_logger()
@@ -41,7 +41,8 @@ class ErrorGuard:
             log.error("unhandled_error", path=scope.get("path"), error=repr(exc), exc_info=exc)
             if started:
                 return
-            body = ProxyError("The proxy failed to handle this request.").body_bytes()
+            error = ProxyError("The proxy failed to handle this request.")
+            body = error.door_bytes(door_of(str(scope.get("path", ""))))
             await send(
                 {
                     "type": "http.response.start",

@@ -19,9 +19,10 @@ ANONYMOUS_TENANT = "anonymous"
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The client's API key: ``Authorization`` (Bearer or bare), else Anthropic's ``x-api-key``."""
     value = headers.get("authorization")
     if not value:
-        return None
+        return headers.get("x-api-key") or None
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else value.strip()
 

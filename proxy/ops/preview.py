@@ -1,7 +1,8 @@
 """POST /v1/context/preview: what a request would forward, without forwarding it.
 
-The body is a chat completions body (``messages``) or a Responses body
-(``input``). The preview runs the very code the real request runs up to the
+The body is a chat completions body (``messages``), a Responses body
+(``input``), or an Anthropic Messages body (sent with ``anthropic-version``).
+The preview runs the very code the real request runs up to the
 upstream call (the exchange's ``plan``: routing, session, a ``history:
 server`` route's stored history or a ``previous_response_id`` chain, the
 policy's decision; for Responses also the stateless replay of the items), so
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -21,6 +23,7 @@ from policies.types import Decision
 from proxy.chat.pipeline import ChatExchange
 from proxy.context.tokens import counter_for
 from proxy.http.body import parse_object, read_body
+from proxy.messages.pipeline import MessagesExchange
 from proxy.responses.compaction import CompactingExchange
 from proxy.responses.pipeline import ResponsesExchange
 from proxy.runtime import Runtime
@@ -78,7 +81,10 @@ def cache_estimate(
 
 
 def _exchange(rt: Runtime, request: Request, body: dict[str, Any]) -> ChatExchange:
-    """The pipeline the body is for: Responses (``input``) or chat (``messages``, the default)."""
+    """The pipeline the body is for: Responses (``input``), Anthropic Messages (a request
+    with ``anthropic-version``) or chat (``messages``, the default)."""
+    if "anthropic-version" in request.headers:
+        return MessagesExchange(rt, request)
     if "messages" not in body and ("input" in body or "previous_response_id" in body):
         # Compaction items expanded as for the request itself (nothing is compacted here).
         exchange = CompactingExchange(rt, request)
@@ -106,6 +112,11 @@ async def context_preview(request: Request) -> Response:
             _, sent = exchange._forward(body)
             history = exchange.chain_len
             forwarded = {"input": sent.get("input")}
+        elif isinstance(exchange, MessagesExchange):
+            # The system and content blocks as the upstream gets them.
+            sent = orjson.loads(exchange.forwarded(body, breakpoint=False))
+            history = len(exchange.conversation) - exchange.view_len
+            forwarded = {"system": sent.get("system"), "messages": sent["messages"]}
         else:
             history = len(exchange.conversation) - len(body["messages"])
             forwarded = {"messages": decision.messages}

@@ -1,4 +1,7 @@
-"""``GET /v1/models``: every OpenAI-compatible upstream's list, merged; ``/v1/models/{id}`` too.
+"""``GET /v1/models``: every upstream's list, merged; ``/v1/models/{id}`` too.
+
+The merged list has Anthropic's shape for an Anthropic client, OpenAI's
+otherwise, whichever API each upstream speaks (proxy/passthrough/model_shapes.py).
 
 The lists are fetched concurrently, each with the client's headers as that
 upstream's config forwards them, and merged in config order: the first
@@ -27,6 +30,12 @@ from starlette.responses import Response
 
 from proxy.errors import ProxyError, UpstreamError
 from proxy.http.body import error_response, forward_headers, relay_headers
+from proxy.passthrough.model_shapes import (
+    anthropic_list,
+    anthropic_model,
+    openai_model,
+    wants_anthropic,
+)
 from proxy.runtime import Runtime
 from proxy.telemetry.logging import get_logger
 from proxy.upstream.base import UpstreamRequest
@@ -52,9 +61,10 @@ async def models(request: Request) -> Response:
     try:
         path = request.url.path.removeprefix("/v1")
         answers = await asyncio.gather(*(_ask(rt, request, n, path) for n in _compatible(rt)))
+        anthropic = wants_anthropic(request.headers)
         if path.rstrip("/") == "/models":
-            return _merged(answers)
-        return _first_found(answers)
+            return _merged(answers, anthropic=anthropic)
+        return _first_found(answers, anthropic=anthropic)
     finally:
         rt.release()
 
@@ -100,7 +110,7 @@ def _listed(answer: _Answer) -> list[Any] | None:
     return listed if isinstance(listed, list) else None
 
 
-def _merged(answers: list[_Answer]) -> Response:
+def _merged(answers: list[_Answer], *, anthropic: bool = False) -> Response:
     merged: list[Any] = []
     ids: set[str] = set()
     skipped: list[_Answer] = []
@@ -121,7 +131,12 @@ def _merged(answers: list[_Answer]) -> Response:
     if answers and len(skipped) == len(answers):
         return _all_failed(answers)
     headers = {SKIPPED_HEADER: ",".join(a.upstream for a in skipped)} if skipped else None
-    body = orjson.dumps({"object": "list", "data": merged})
+    if anthropic:
+        entries = [anthropic_model(m) for m in merged if isinstance(m, dict)]
+        body = orjson.dumps(anthropic_list(entries))
+    else:
+        data = [openai_model(m) if isinstance(m, dict) else m for m in merged]
+        body = orjson.dumps({"object": "list", "data": data})
     return Response(body, media_type="application/json", headers=headers)
 
 
@@ -135,15 +150,31 @@ def _all_failed(answers: list[_Answer]) -> Response:
     return error_response(UpstreamError(f"No upstream could list its models ({reasons})."))
 
 
-def _first_found(answers: list[_Answer]) -> Response:
+def _first_found(answers: list[_Answer], *, anthropic: bool = False) -> Response:
     for answer in answers:
         if answer.status == 200:
-            return _relayed(answer)
+            return _relayed(_in_shape(answer, anthropic))
     for answer in answers:
         if answer.status is not None:
             return _relayed(answer)
     reasons = "; ".join(f"{a.upstream}: {a.error}" for a in answers)
     return error_response(UpstreamError(f"No upstream could be asked for this model ({reasons})."))
+
+
+def _in_shape(answer: _Answer, anthropic: bool) -> _Answer:
+    """One model's entry in the client's dialect (an entry that is not one: as it came)."""
+    try:
+        entry = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        return answer
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+        return answer
+    shaped = anthropic_model(entry) if anthropic else openai_model(entry)
+    if shaped is entry:
+        return answer
+    headers = [(k, v) for k, v in answer.headers or [] if k.lower() != "content-type"]
+    headers.append(("content-type", "application/json"))
+    return _Answer(answer.upstream, answer.status, headers, orjson.dumps(shaped))
 
 
 def _relayed(answer: _Answer) -> Response:

@@ -14,25 +14,20 @@ such a request is answered as OpenAI answers an unknown id (400,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from proxy.config.model import UpstreamConfig
-from proxy.errors import UpstreamError
 from proxy.upstream.base import UpstreamRequest
-from proxy.upstream.litellm_support import (
-    Litellm,
-    bearer,
-    error_status,
-    load_litellm,
-    no_answer_error,
-    parse_object,
-    provider_message,
-    retry_after_of,
-    unwrap,
+from proxy.upstream.litellm_stream import (
+    LitellmStream,
+    failure_response,
+    litellm_target,
+    open_stream,
 )
+from proxy.upstream.litellm_support import bearer, load_litellm, parse_object
 from proxy.upstream.provider import JsonResponse, error_body
 
 # Responses fields handed on to litellm: an allowlist, for the reason
@@ -47,8 +42,6 @@ RESPONSES_FIELDS = frozenset({
 })
 # fmt: on
 
-_JSON = [("content-type", "application/json")]
-_SSE = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
 # A key for servers that want none (vLLM, Ollama): litellm's OpenAI client insists on one.
 _NO_KEY = "no-key"
 
@@ -57,59 +50,6 @@ def load() -> None:
     """Import litellm and set it up (seconds, once per process): call off the event loop."""
     load_litellm()
     import litellm.responses.main  # noqa: F401  (aresponses' module: the heavy part)
-
-
-class BridgeStream:
-    """litellm's Responses events re-encoded as SSE, one event per chunk as it arrives."""
-
-    status = 200
-
-    def __init__(self, lib: Litellm, stream: Any, first: Any, model: str) -> None:
-        self.headers = list(_SSE)
-        self._lib = lib
-        self._stream = stream
-        self._first = first
-        self._model = model
-        self._closed = False
-        self._conform = EventConformer()
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_chunks()])
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        if self._closed:
-            return
-        try:
-            if self._first is not None:
-                first, self._first = self._first, None
-                yield self._event(first)
-            while True:
-                try:
-                    event = await anext(self._stream, None)
-                except self._lib.errors as exc:
-                    unanswered = no_answer_error(self._lib, exc)
-                    if unanswered is not None:
-                        raise unanswered from exc
-                    message = provider_message(unwrap(exc))
-                    raise UpstreamError(f"The provider stream failed: {message}") from exc
-                if event is None:
-                    return
-                yield self._event(event)
-        finally:
-            await self.close()
-
-    def _event(self, event: Any) -> bytes:
-        data = self._conform(_with_model(orjson.loads(event.model_dump_json()), self._model))
-        kind = str(data.get("type") or "message")
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        close = getattr(self._stream, "aclose", None)
-        if close is not None:
-            await close()
 
 
 def _with_model(event: dict[str, Any], model: str) -> dict[str, Any]:
@@ -131,14 +71,7 @@ class ResponsesBridge:
         # Typed loosely: its return type depends on ``stream``.
         self._aresponses: Callable[..., Awaitable[Any]] = litellm.aresponses
 
-    def _target(self, client_model: str) -> tuple[str, str | None]:
-        """The litellm model name and API base for this upstream."""
-        if self.config.litellm_model is not None:
-            return self.config.litellm_model, self.config.api_base
-        # An OpenAI-compatible server: litellm's OpenAI chat client, at its URL.
-        return f"openai/{client_model}", self.config.base_url
-
-    async def send(self, request: UpstreamRequest) -> JsonResponse | BridgeStream:
+    async def send(self, request: UpstreamRequest) -> JsonResponse | LitellmStream:
         if request.method != "POST" or request.path.rstrip("/") != "/responses":
             message = f"{request.method} {request.path} is not served by a responses bridge."
             return JsonResponse(404, error_body(message, 404, "not_found"))
@@ -150,7 +83,10 @@ class ResponsesBridge:
             message = f"Previous response with id '{previous}' not found."
             return JsonResponse(400, error_body(message, 400, "previous_response_not_found"))
         client_model = str(body.get("model") or "")
-        model, api_base = self._target(client_model)
+        config = self.config
+        model, api_base = litellm_target(
+            config.litellm_model, config.api_base, config.base_url, client_model
+        )
         kwargs = {k: v for k, v in body.items() if k in RESPONSES_FIELDS}
         kwargs.setdefault("input", [])
         api_key = self.config.api_key or bearer(request.headers) or _NO_KEY
@@ -171,33 +107,21 @@ class ResponsesBridge:
         if not kwargs.get("stream"):
             data = conform_response(orjson.loads(result.model_dump_json()))
             return JsonResponse(200, orjson.dumps({**data, "model": client_model}))
-        return await self._open_stream(result, client_model)
+        conform = EventConformer()
 
-    async def _open_stream(self, stream: Any, client_model: str) -> JsonResponse | BridgeStream:
-        # The first event before answering: an error the provider sends before
-        # any content must still become a status and a body.
-        try:
-            first = await anext(stream, None)
-        except self._lib.errors as exc:
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
-            return self._failure(exc)
-        return BridgeStream(self._lib, stream, first, client_model)
+        def encode(event: Any) -> bytes:
+            data = conform(_with_model(orjson.loads(event.model_dump_json()), client_model))
+            kind = str(data.get("type") or "message")
+            return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+        return await open_stream(self._lib, result, encode, self._error_body)
 
     def _failure(self, exc: BaseException) -> JsonResponse:
-        """Relay a provider's error status; raise when there was no answer at all."""
-        unanswered = no_answer_error(self._lib, exc)
-        if unanswered is not None:
-            raise unanswered from exc
-        exc = unwrap(exc)
-        status = error_status(exc)
+        return failure_response(self._lib, exc, self._error_body)
+
+    def _error_body(self, message: str, status: int, exc: BaseException) -> bytes:
         code = "context_length_exceeded" if isinstance(exc, self._lib.context_window) else None
-        headers = list(_JSON)
-        retry_after = retry_after_of(exc)
-        if retry_after is not None:
-            headers.append(("retry-after", retry_after))
-        return JsonResponse(status, error_body(provider_message(exc), status, code), headers)
+        return error_body(message, status, code)
 
     async def close(self) -> None:
         return None

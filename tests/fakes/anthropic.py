@@ -3,7 +3,13 @@
 It serves ``POST /v1/messages`` (litellm appends ``/v1/messages`` to an
 ``anthropic/...`` model's ``api_base``), answers JSON or SSE with Anthropic's
 real event types, records every request, and can be scripted to answer with a
-tool call, an error status, a delay, or a stream that never ends.
+tool call, thinking blocks with signatures, an error status, a delay, or a
+stream that never ends. It also serves ``POST /v1/messages/count_tokens`` and
+``GET /v1/models`` in Anthropic's shapes.
+
+``strict=True`` checks every request body against the ``anthropic`` SDK's own
+request types and every answer and event it sends against the SDK's response
+types; what fails is listed in ``problems`` (a test asserts it stays empty).
 
     async with FakeAnthropic() as fake:
         fake.script(Reply.tool("get_weather", {"city": "Paris"}))
@@ -44,6 +50,9 @@ class Reply:
 
     text: str = "Hello from the fake Anthropic."
     tool_use: ToolUse | None = None
+    # A thinking block (thinking text, signature) first, and a redacted one's data.
+    thinking: tuple[str, str] | None = None
+    redacted_thinking: str | None = None
     # How the text is cut into text_delta events when streaming; None: by words.
     pieces: tuple[str, ...] | None = None
     input_tokens: int = 11
@@ -88,6 +97,7 @@ class RecordedRequest:
     # Header names lower-cased.
     headers: dict[str, str]
     json: dict[str, Any]
+    query: str = ""
 
 
 @dataclass
@@ -99,6 +109,14 @@ class FakeAnthropic:
     # A simulated Anthropic prompt cache: usage then reports cache_read_input_tokens
     # and cache_creation_input_tokens, and input_tokens is what neither covers.
     prefix_cache: AnthropicPrefixCache | None = None
+    # Validate bodies and events against the anthropic SDK's types (see the docstring).
+    strict: bool = False
+    # usage.input_tokens: the request's own size (its blocks, counted) instead of the
+    # reply's fixed figure, as a real upstream reports it (the proxy calibrates from it).
+    count_input: bool = False
+    problems: list[str] = field(default_factory=list)
+    # The bytes of the last stream sent, for byte-for-byte checks of a relay.
+    last_stream: bytearray = field(default_factory=bytearray)
     _replies: deque[Reply] = field(default_factory=deque)
     # The cache's answer to the request being served.
     _cache_usage: dict[str, int] = field(default_factory=dict)
@@ -119,6 +137,8 @@ class FakeAnthropic:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post(MESSAGES_PATH, self._handle)
+        app.router.add_post(MESSAGES_PATH + "/count_tokens", self._count_tokens)
+        app.router.add_get("/v1/models", self._models)
         # A short shutdown: a test that timed out must not wait for a delayed reply.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
@@ -145,15 +165,62 @@ class FakeAnthropic:
     ) -> None:
         await self.stop()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+    async def _record(self, request: web.Request) -> dict[str, Any]:
+        body: dict[str, Any] = await request.json()
         self.requests.append(
             RecordedRequest(
                 path=request.path,
                 headers={k.lower(): v for k, v in request.headers.items()},
                 json=body,
+                query=request.query_string,
             )
         )
+        return body
+
+    def _check(self, kind: Any, value: Any, what: str) -> None:
+        """``value`` validated as the SDK's ``kind``; a failure listed in ``problems``."""
+        if not self.strict:
+            return
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            TypeAdapter(kind).validate_python(value, strict=False)
+        except ValidationError as exc:
+            self.problems.append(f"{what}: {exc}")
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        from anthropic.types import MessageCountTokensParams, MessageTokensCount
+
+        self._check(MessageCountTokensParams, body, "count_tokens request")
+        blocks, _ = anthropic_blocks(body)
+        answer = {"input_tokens": sum(tokens for _, tokens in blocks)}
+        self._check(MessageTokensCount, answer, "count_tokens answer")
+        return web.json_response(answer)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.requests.append(RecordedRequest(request.path, dict(request.headers), {}))
+        model = {
+            "type": "model",
+            "id": self.model,
+            "display_name": "Claude Fake",
+            "created_at": "2025-01-01T00:00:00Z",
+            "lifecycle": "active",
+        }
+        return web.json_response(
+            {"data": [model], "has_more": False, "first_id": self.model, "last_id": self.model}
+        )
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        from anthropic.types import message_create_params as params
+
+        kind = (
+            params.MessageCreateParamsStreaming
+            if body.get("stream")
+            else params.MessageCreateParamsNonStreaming
+        )
+        self._check(kind, body, "request")
         reply = self._replies.popleft() if self._replies else Reply()
         self._cache_usage = {}
         if self.prefix_cache is not None:
@@ -164,6 +231,9 @@ class FakeAnthropic:
                 "cache_read_input_tokens": result.cached_tokens,
                 "cache_creation_input_tokens": result.written_tokens,
             }
+        elif self.count_input:
+            counted, _ = anthropic_blocks(body)
+            self._cache_usage = {"input_tokens": sum(tokens for _, tokens in counted)}
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.status != 200:
@@ -174,10 +244,19 @@ class FakeAnthropic:
             )
         if body.get("stream"):
             return await self._stream(request, reply)
-        return web.json_response(self._message(reply))
+        from anthropic.types import Message
+
+        message = self._message(reply)
+        self._check(Message, message, "message")
+        return web.json_response(message)
 
     def _content(self, reply: Reply) -> list[dict[str, Any]]:
         content: list[dict[str, Any]] = []
+        if reply.thinking is not None:
+            thinking, signature = reply.thinking
+            content.append({"type": "thinking", "thinking": thinking, "signature": signature})
+        if reply.redacted_thinking is not None:
+            content.append({"type": "redacted_thinking", "data": reply.redacted_thinking})
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         if reply.tool_use is not None:
@@ -211,8 +290,16 @@ class FakeAnthropic:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
 
+        from anthropic.types import RawMessageStreamEvent
+
+        self.last_stream.clear()
+
         async def send(event: str, data: dict[str, Any]) -> None:
-            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+            if event not in ("ping", "error"):
+                self._check(RawMessageStreamEvent, data, f"event {event}")
+            raw = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+            self.last_stream += raw
+            await response.write(raw)
 
         try:
             await self._events(send, reply)
@@ -237,6 +324,22 @@ class FakeAnthropic:
         await send("message_start", {"type": "message_start", "message": start})
         await send("ping", {"type": "ping"})
         index = 0
+        if reply.thinking is not None:
+            thinking, signature = reply.thinking
+            start_block = {"type": "thinking", "thinking": "", "signature": ""}
+            await send("content_block_start", _block_start(index, start_block))
+            for piece in re.findall(r"\s*\S+\s*", thinking) or [thinking]:
+                delta = _block_delta(index, "thinking_delta", thinking=piece)
+                await send("content_block_delta", delta)
+            sig = _block_delta(index, "signature_delta", signature=signature)
+            await send("content_block_delta", sig)
+            await send("content_block_stop", {"type": "content_block_stop", "index": index})
+            index += 1
+        if reply.redacted_thinking is not None:
+            block = {"type": "redacted_thinking", "data": reply.redacted_thinking}
+            await send("content_block_start", _block_start(index, block))
+            await send("content_block_stop", {"type": "content_block_stop", "index": index})
+            index += 1
         if reply.text:
             await send("content_block_start", _block_start(index, {"type": "text", "text": ""}))
             for piece in reply.text_pieces():
