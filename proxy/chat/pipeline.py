@@ -118,6 +118,8 @@ class ChatExchange(ExchangeRelay):
         found = find_session(rt.config.session, self.headers, body)
         self.key, self.session_source = found.key, found.source
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
+        # A door's own additions to the conversation, now that the session is known.
+        messages = await self._door_messages(messages)
         server_history = self.route.history == "server" and self.ref is not None
         # What the session's message cache knows of a client-held history: a
         # message it holds is the JSON of one checked, hashed and counted before.
@@ -238,6 +240,11 @@ class ChatExchange(ExchangeRelay):
                 sizes=counts,
             )
         return self.decision
+
+    async def _door_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as the door's own features make it (chat has none): route,
+        model and session are known here (Anthropic's compaction: proxy/messages/compaction.py)."""
+        return messages
 
     def _door_decision(self, decision: Decision) -> Decision:
         """The decision as the door's own features leave it (chat has none)."""

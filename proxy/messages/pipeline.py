@@ -28,7 +28,6 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from policies.tool_clearing import cleared
 from policies.types import Decision
@@ -38,7 +37,6 @@ from proxy.chat.stream import ReplyAssembler
 from proxy.config.model import UpstreamConfig
 from proxy.context.tokens import counter_for
 from proxy.errors import Door, ProxyError, UpstreamError
-from proxy.http.asgi import respond
 from proxy.http.body import forward_headers, parse_object, read_body
 from proxy.messages.cache_marks import with_breakpoint
 from proxy.messages.context_edits import NO_EDITS, clear_thinking, context_edits
@@ -184,19 +182,3 @@ class MessagesExchange(ChatExchange):
             )
             return None, usage, invalid
         return reply, usage, None
-
-
-class Messages:
-    """The endpoint, a raw ASGI app (as chat completions: proxy/chat/pipeline.py)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt: Runtime = scope["app"].state.runtime
-        exchange = MessagesExchange(rt.pin(), Request(scope, receive, send))
-        response = await exchange.run()
-        try:
-            await respond(response, receive, send)
-        finally:
-            exchange.sent()
-
-
-messages_endpoint = Messages()
