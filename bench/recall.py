@@ -18,8 +18,12 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick]
+    python bench/recall.py [--quick] [--door openai|anthropic]
         [--only retention,modes,latency,pg-latency,redis-latency,storage,embeddings]
+
+``--door anthropic``: each conversation, and each question, as an Anthropic
+Messages request read by the Messages door's view (bench/door.py): what the
+policies and recall get on ``/v1/messages``.
 
 ``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
 default the test server ``postgresql://postgres@127.0.0.1:5432/test``, in a
@@ -50,6 +54,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import recall_embeddings
+from bench.door import add_door_option, through
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -122,12 +127,15 @@ def message_in(message: dict[str, Any]) -> MessageIn:
     )
 
 
-def load() -> tuple[list[list[dict[str, Any]]], list[Question]]:
+def load(door: str = "openai") -> tuple[list[list[dict[str, Any]]], list[Question]]:
     conversations: list[list[dict[str, Any]]] = []
     questions: list[Question] = []
     for k, entry in enumerate(json.loads(DATA.read_text())):
         messages, turns = locomo_dialogue(entry)
-        conversations.append(messages)
+        viewed = through(door, messages)
+        # The evidence turns' positions hold: the door reads a dialogue one message a message.
+        assert len(viewed) == len(messages), (len(viewed), len(messages))
+        conversations.append(viewed)
         for q in entry["qa"]:
             category = q.get("category")
             evidence = [turns[e] for e in q.get("evidence", []) if e in turns]
@@ -180,12 +188,14 @@ async def modes(
     store: SqliteStore,
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
+    door: str = "openai",
 ) -> dict[str, dict[int, Tally]]:
     """The built-in modes with a recall share of their budget (the conversations are stored)."""
     service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
-        ask = message_in({"role": "user", "content": q.text})
+        (question,) = through(door, [{"role": "user", "content": q.text}])
+        ask = message_in(question)
         conv_in = [*[message_in(m) for m in conversations[q.conversation]], ask]
         conversation = [m.message for m in conv_in]
         hashes = [m.content_hash for m in conv_in]
@@ -221,12 +231,14 @@ async def retention(
     store: SqliteStore,
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
+    door: str = "openai",
 ) -> dict[str, dict[int, Tally]]:
     service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
     stored = [[message_in(m) for m in c] for c in conversations]
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
-        ask = message_in({"role": "user", "content": q.text})
+        (question,) = through(door, [{"role": "user", "content": q.text}])
+        ask = message_in(question)
         conv_in = [*stored[q.conversation], ask]
         conversation = [m.message for m in conv_in]
         hashes = [m.content_hash for m in conv_in]
@@ -478,6 +490,7 @@ def arguments() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="200 questions, 100 timed rounds")
+    add_door_option(parser)
     parser.add_argument(
         "--only",
         type=lambda value: set(value.split(",")),
@@ -497,7 +510,9 @@ async def main(args: argparse.Namespace) -> None:
     if not DATA.exists():
         print(f"skipped: {DATA} not found (the shared LoCoMo data)")
         return
-    conversations, questions = load()
+    conversations, questions = load(args.door)
+    if args.door != "openai":
+        print(f"door: {args.door} (each conversation read by its door's view: bench/door.py)")
     asked = questions[:200] if quick else questions
     rounds = 100 if quick else 500
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
@@ -508,7 +523,7 @@ async def main(args: argparse.Namespace) -> None:
         await store_all(store, conversations)
         if "retention" in only:
             started = time.perf_counter()
-            rows = await retention(store, conversations, asked)
+            rows = await retention(store, conversations, asked, args.door)
             print_retention(rows, len(asked))
             print(f"({time.perf_counter() - started:.1f} s)")
             over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
@@ -519,7 +534,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"{statistics.mean(slack or [0]):.1f} tokens on average"
             )
         if "modes" in only:
-            mode_rows = await modes(store, conversations, asked)
+            mode_rows = await modes(store, conversations, asked, args.door)
             print_retention(mode_rows, len(asked), "mode, share")
         if "latency" in only:
             lat = await latency(store, conversations, questions, rounds)
