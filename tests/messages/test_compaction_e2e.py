@@ -297,3 +297,50 @@ def test_the_proxys_own_block_is_expanded_even_for_an_anthropic_upstream(
     sent = claude.requests[-1].json["messages"]
     assert "compaction" not in json.dumps(sent)  # Anthropic could not read the proxy's block
     assert "fake summary 1" in sent[0]["content"][0]["text"]
+
+
+def test_a_damaged_block_is_a_400_naming_it(
+    translated: Callable[..., ProxyServer], fake: tuple[FakeUpstream, AiohttpServer]
+) -> None:
+    proxy = translated()
+    sdk = sdk_client(proxy)
+    block = compacted(sdk, history())
+    block["encrypted_content"] = block["encrypted_content"][:-3] + "xyz"
+    asked: Any = [
+        {"role": "assistant", "content": [block]},
+        {"role": "user", "content": "Go on."},
+    ]
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        sdk.beta.messages.create(model=MODEL, max_tokens=50, messages=asked)
+    body: Any = raised.value.body
+    assert body["type"] == "error" and "messages.0.content.0" in body["error"]["message"]
+    assert fake[0].chat_requests == []
+
+
+def test_the_streamed_events_validate_as_the_sdks_beta_stream_events(
+    translated: Callable[..., ProxyServer],
+) -> None:
+    from anthropic.types.beta import BetaRawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    proxy = translated()
+    asked: Any = [*history(), {"role": "user", "content": "Go on."}]
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-session-id": "s-raw"}
+    adapter: Any = TypeAdapter(BetaRawMessageStreamEvent)
+    for extra in ({"compaction": SUMMARIZE}, {"context_management": threshold(10)}):
+        body = {"model": MODEL, "max_tokens": 50, "messages": asked, "stream": True, **extra}
+        got = httpx.post(f"{proxy.url}/v1/messages", json=body, headers=headers, timeout=30)
+        assert got.status_code == 200
+        events = [
+            json.loads(line[6:])
+            for event in got.content.split(b"\n\n")
+            for line in event.split(b"\n")
+            if line.startswith(b"data: ")
+        ]
+        for event in events:
+            adapter.validate_python(event)
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+        starts = [e for e in events if e["type"] == "content_block_start"]
+        assert starts[0]["index"] == 0 and starts[0]["content_block"]["type"] == "compaction"
+        assert [s["index"] for s in starts] == list(range(len(starts)))
