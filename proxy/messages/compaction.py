@@ -99,6 +99,8 @@ class CompactingMessages(MessagesExchange):
         self.restored = 0
         self.measured: int | None = None
         self.previewing = False
+        # Where the expanded block's summary is in the conversation.
+        self.summary_at: int | None = None
         # The body as asked, and as forwarded (expanded, the proxy's asks taken out).
         self._asked_body: dict[str, Any] = {}
         self._forwarded_body: dict[str, Any] = {}
@@ -156,15 +158,22 @@ class CompactingMessages(MessagesExchange):
             folded = await folded_turns(self.rt.store, self.ref, payload)
         self.restored = len(folded)
         self.hidden = set(range(len(folded)))
+        if payload is not None:
+            # The block's summary: the view's first message after the system.
+            first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), 0)
+            self.summary_at = len(folded) + first
         conversation = [*folded, *messages]
         if proxied and threshold is not None and not self.summarize and not self.previewing:
             conversation = await self._past_threshold(folded, messages, threshold.trigger)
         return conversation
 
-    def _previous(self, folded: int) -> SummaryState | None:
-        """The expanded block's summary as a plan's state (it follows the folded turns)."""
+    def _previous(self) -> SummaryState | None:
+        """The expanded block's summary as a plan's state: it covers the conversation up to
+        itself (the turns it folded, restored in front, and the system)."""
         payload = self.expanded.payload
-        return payload.state(folded + 1) if payload is not None else None
+        if payload is None or self.summary_at is None:
+            return None
+        return payload.state(self.summary_at + 1)
 
     async def _past_threshold(
         self, folded: list[dict[str, Any]], messages: list[dict[str, Any]], trigger: int
@@ -176,7 +185,7 @@ class CompactingMessages(MessagesExchange):
         if self.measured <= trigger or not head:
             return [*folded, *messages]
         self.compaction = await self._compact(
-            [*folded, *messages[:start]], self._previous(len(folded))
+            [*folded, *messages[:start]], self._previous()
         )
         summary = {"role": "user", "content": summary_text(self.compaction.payload)}
         n = len(folded)
@@ -258,8 +267,9 @@ class CompactingMessages(MessagesExchange):
     async def _answer_summarize(self, body: dict[str, Any]) -> Response:
         """One compaction block, ``stop_reason: "compaction"``: whole or streamed; stored."""
         if self.compaction is None:
-            visible = [m for i, m in enumerate(self.conversation) if m.get("role") != "system"]
-            self.compaction = await self._compact(visible, self._previous(self.restored))
+            # The whole conversation, system included: what it covers is the stored chain's
+            # prefix, so the next request finds the turns it folded (and recall reaches them).
+            self.compaction = await self._compact(list(self.conversation), self._previous())
         counter = counter_for(self.model or "")
         block = compaction_block(self.compaction.payload)
         usage = {

@@ -23,6 +23,7 @@ from tests.messages.sdk import sdk_client
 MODEL = "gpt-4o"
 FACT = "The server listens on port 8731."
 SUMMARIZE: Any = {"type": "summarize"}
+SYSTEM = "You are a coding agent."
 
 
 def history() -> list[dict[str, Any]]:
@@ -73,10 +74,12 @@ def rows(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def compacted(sdk: anthropic.Anthropic, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The compaction block the proxy answers ``compaction: summarize`` with, as sent back."""
+    """The compaction block the proxy answers ``compaction: summarize`` with, as sent back
+    (the conversation under a system prompt, as agents send it)."""
     answer = sdk.beta.messages.create(
         model=MODEL,
         max_tokens=100,
+        system=SYSTEM,
         messages=messages,  # type: ignore[arg-type]
         compaction=SUMMARIZE,  # type: ignore[arg-type]
     )
@@ -150,14 +153,17 @@ def test_the_block_sent_back_is_expanded_into_a_summary_every_model_reads(
         {"role": "assistant", "content": [block]},
         {"role": "user", "content": "What next?"},
     ]
-    raw = sdk.beta.messages.with_raw_response.create(model=MODEL, max_tokens=50, messages=after)
+    raw = sdk.beta.messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, system=SYSTEM, messages=after
+    )
     assert raw.headers["x-context-compaction"] == "expanded"
     sent = sent_text(upstream)
     assert "fake summary 1" in sent and "What next?" in sent
     assert "compaction" not in sent and "toolu_1" not in sent and FACT not in sent
     proxy.drain()
     shown = rows(tmp_path)[-1]["detail"]["compaction"]
-    assert shown["expanded"] == 1 and shown["folded"] == 6 and shown["restored"] == 6
+    # The block stands for the system and six messages, back from the store for recall.
+    assert shown["expanded"] == 1 and shown["folded"] == 6 and shown["restored"] == 7
 
 
 def test_recall_reaches_a_turn_the_compaction_folded_away(
@@ -177,7 +183,9 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
         {"role": "assistant", "content": [block]},
         {"role": "user", "content": "Which port does the server listen on?"},
     ]
-    raw = sdk.beta.messages.with_raw_response.create(model=MODEL, max_tokens=50, messages=question)
+    raw = sdk.beta.messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, system=SYSTEM, messages=question
+    )
     assert int(raw.headers["x-context-recalled"]) >= 1, dict(raw.headers)
     sent = sent_text(upstream)
     # Verbatim from the proxy's stored history; the summary does not carry it.
@@ -344,3 +352,25 @@ def test_the_streamed_events_validate_as_the_sdks_beta_stream_events(
         starts = [e for e in events if e["type"] == "content_block_start"]
         assert starts[0]["index"] == 0 and starts[0]["content_block"]["type"] == "compaction"
         assert [s["index"] for s in starts] == list(range(len(starts)))
+
+
+def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns(
+    translated: Callable[..., ProxyServer], fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+) -> None:
+    upstream, _ = fake
+    proxy = translated()
+    sdk = sdk_client(proxy)
+    first = compacted(sdk, history())
+    later = [
+        {"role": "assistant", "content": [first]},
+        {"role": "user", "content": "Rename the module to beta."},
+        {"role": "assistant", "content": "Renamed it to beta."},
+    ]
+    second = compacted(sdk, later)
+    assert "fake summary 2" in second["content"]
+    extending = json.dumps(upstream.summarizer_requests[-1].json)
+    assert "fake summary 1" in extending and "Renamed it to beta." in extending
+    assert "debug: true" not in extending  # the folded turns are not summarized again
+    proxy.drain()
+    shown = rows(tmp_path)[-1]["detail"]["compaction"]
+    assert shown["status"] == "created" and shown["incremental"] is True
