@@ -184,9 +184,7 @@ class CompactingMessages(MessagesExchange):
         head = [m for m in messages[:start] if m.get("role") != "system"]
         if self.measured <= trigger or not head:
             return [*folded, *messages]
-        self.compaction = await self._compact(
-            [*folded, *messages[:start]], self._previous()
-        )
+        self.compaction = await self._compact([*folded, *messages[:start]], self._previous())
         summary = {"role": "user", "content": summary_text(self.compaction.payload)}
         n = len(folded)
         self.hidden |= {n + i for i in range(start) if messages[i].get("role") != "system"}

@@ -189,6 +189,10 @@ def parts(blocks: Sequence[Any]) -> list[dict[str, Any]]:
             out.append({"type": PRICED_PART, "tokens": image_tokens(block)})
         elif kind == "document":
             out.append(document_part(block))
+        elif kind == "compaction":
+            # Read as its summary (a failed one, without, as nothing); never its payload.
+            if isinstance(block.get("content"), str):
+                out.append({"type": "text", "text": block["content"]})
         elif kind not in THINKING:
             # Server tool blocks, search results...: counted as their JSON.
             out.append({"type": "text", "text": _json({k: v for k, v in block.items()})})

@@ -60,3 +60,20 @@ def test_the_proxys_own_messages_are_text_and_a_summary_joins_the_system() -> No
     assert system == "rules\n\n## Summary"
     assert back == [{"role": "user", "content": "<recalled/>"}, {"role": "user", "content": "hi"}]
     assert all(ORIGIN not in m for m in back)
+
+
+def test_a_compaction_block_reads_as_its_summary_and_is_written_back_as_it_came() -> None:
+    block = {"type": "compaction", "content": "Summary: port 8731.", "encrypted_content": "x" * 99}
+    failed = {"type": "compaction", "content": None}
+    body: Any = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [block, failed, {"type": "text", "text": "Go."}]},
+        ]
+    }
+    viewed = chat_view(body)
+    assert viewed[1]["content"] == [
+        {"type": "text", "text": "Summary: port 8731."},
+        {"type": "text", "text": "Go."},
+    ]
+    assert anthropic_request(viewed, None)[1] == body["messages"]
