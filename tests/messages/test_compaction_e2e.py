@@ -374,3 +374,33 @@ def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns
     proxy.drain()
     shown = rows(tmp_path)[-1]["detail"]["compaction"]
     assert shown["status"] == "created" and shown["incremental"] is True
+
+
+def test_the_preview_and_count_tokens_read_the_block_expanded_and_compact_nothing(
+    translated: Callable[..., ProxyServer], fake: tuple[FakeUpstream, AiohttpServer]
+) -> None:
+    upstream, _ = fake
+    proxy = translated()
+    sdk = sdk_client(proxy)
+    block = compacted(sdk, history())
+    made = len(upstream.summarizer_requests)
+    asked = [
+        *history(),
+        {"role": "assistant", "content": [block]},
+        {"role": "user", "content": "Go on."},
+    ]
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-session-id": "s-msg"}
+    body = {"model": MODEL, "max_tokens": 50, "messages": asked}
+    shown = httpx.post(f"{proxy.url}/v1/context/preview", json=body, headers=headers)
+    assert shown.status_code == 200, shown.text
+    forwarded = shown.json()["messages"]
+    assert "fake summary 1" in json.dumps(forwarded[0]) and forwarded[-1]["content"] == "Go on."
+    assert "compaction" not in json.dumps(forwarded) and FACT not in json.dumps(forwarded)
+    past = {**body, "context_management": threshold(10)}
+    counted = sdk.beta.messages.count_tokens(model=MODEL, messages=asked)  # type: ignore[arg-type]
+    whole = sdk.beta.messages.count_tokens(model=MODEL, messages=history())  # type: ignore[arg-type]
+    assert 0 < counted.input_tokens < whole.input_tokens  # the summary, not the history
+    past_count = httpx.post(f"{proxy.url}/v1/messages/count_tokens", json=past, headers=headers)
+    assert past_count.json()["input_tokens"] == counted.input_tokens  # counted as sent
+    assert len(upstream.summarizer_requests) == made  # neither made a summary
+    assert upstream.chat_requests == []
