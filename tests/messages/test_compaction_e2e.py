@@ -404,3 +404,25 @@ def test_the_preview_and_count_tokens_read_the_block_expanded_and_compact_nothin
     assert past_count.json()["input_tokens"] == counted.input_tokens  # counted as sent
     assert len(upstream.summarizer_requests) == made  # neither made a summary
     assert upstream.chat_requests == []
+
+
+def test_compaction_proxy_over_an_anthropic_upstream_answers_it_and_forwards_no_ask(
+    claude: FakeAnthropic, start_messages: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    proxy = start_messages(
+        {"base_url": f"{claude.url}/v1", "api": "anthropic"}, route={"compaction": "proxy"}
+    )
+    asked: Any = [*history(), {"role": "user", "content": "Go on."}]
+    with sdk_client(proxy).beta.messages.stream(
+        model="claude-fake-1", max_tokens=16, messages=asked, context_management=threshold(10)
+    ) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["compaction", "text"]
+    block = final.content[0]
+    assert block.encrypted_content.startswith(PREFIX)  # type: ignore[union-attr]
+    sent = claude.requests[-1].json
+    assert "context_management" not in sent and "compaction" not in json.dumps(sent)
+    assert sent["messages"][-1]["content"] == "Go on." and len(sent["messages"]) == 2
+    proxy.drain()
+    shown = rows(tmp_path)[-1]["detail"]["compaction"]
+    assert shown["mode"] == "proxy" and shown["status"] == "created"
