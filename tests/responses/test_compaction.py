@@ -39,6 +39,8 @@ SESSION = {"X-Session-Id": "codex-1"}
 ADMIN_KEY = "adm-compaction-0123"
 # What the SDK sends besides: the client's key (a request without one stores nothing).
 HEADERS = {**SESSION, "Authorization": "Bearer sk-test"}
+# About a turn a compaction folds away: history()'s assistant answer has its words.
+QUESTION = "Which port did you say the server listens on?"
 
 
 def user(text: str) -> dict[str, Any]:
@@ -442,7 +444,7 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     sdk = client(recalling)
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
     retained = [i for i in history() if i.get("role") == "user"]
-    question = user("Which grep output showed the PORT in config.py?")
+    question = user(QUESTION)
     answer = sdk.responses.with_raw_response.create(
         model="m", input=[*retained, item.model_dump(exclude_none=True), question]
     )
@@ -664,7 +666,7 @@ def test_the_codex_flow_on_the_shared_stores(
     sdk = client(start(policy="recalling", shared=shared_store))
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
     retained = [i for i in history() if i.get("role") == "user"]
-    question = user("Which grep output showed the PORT in config.py?")
+    question = user(QUESTION)
     sdk.responses.create(model="m", input=[*retained, item.model_dump(exclude_none=True), question])
     (received,) = responses_upstream[0].received
     sent = json.dumps(received.json["input"])
