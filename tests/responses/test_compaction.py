@@ -490,6 +490,43 @@ def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns
     assert len(stored) == 2
 
 
+def test_a_second_compaction_after_tool_calls_extends_the_first_summary_as_codex_sends_it(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+):
+    # Codex's window after a compaction: its retained user messages, the item, then the
+    # model's own tool calls (no new user message: the covered prefix ends mid-turn).
+    sdk = client(proxy)
+    first = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    call = {
+        "type": "function_call",
+        "call_id": "c2",
+        "name": "exec_command",
+        "arguments": '{"cmd":"cat settings.py"}',
+    }
+    output = {"type": "function_call_output", "call_id": "c2", "output": "SETTINGS_V2 = True"}
+    window = [*retained, first.model_dump(exclude_none=True), call, output]
+    second = sdk.responses.create(model="m", input=[*window, TRIGGER])
+    assert [o.type for o in second.output] == ["compaction"]
+    calls = fake[0].summarizer_requests
+    assert len(calls) == 2
+    prompt = calls[1].json["messages"][-1]["content"]
+    summary, _, newer = prompt.partition("New turns since then:")
+    # The first summary as the previous one, never as a turn; only the call and its output new.
+    assert "fake summary 1" in summary and "fake summary 1" not in newer
+    assert "Summary of the earlier conversation" not in prompt
+    assert "SETTINGS_V2" in newer and "Find the port" not in newer and "rename" not in newer
+    proxy.drain()
+    sql = "SELECT detail_json FROM requests ORDER BY id"
+    wait_until(lambda: len(query(tmp_path / "ctxproxy.db", sql)) == 2)
+    detail = json.loads(query(tmp_path / "ctxproxy.db", sql)[-1]["detail_json"])["compaction"]
+    assert detail["incremental"] is True and detail["new_items"] == 2
+    # It covers the whole conversation: the restored turns, the window, the new items.
+    assert detail["covered_items"] == len(history()) + len(window)
+    item = second.output[0].model_dump()
+    assert decode(item["encrypted_content"]).items == detail["covered_items"]
+
+
 def test_the_viewer_shows_each_compaction(proxy: ProxyServer):
     sdk = client(proxy)
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
