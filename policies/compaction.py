@@ -8,7 +8,8 @@ the conversation (stored, or the expanded compaction item's) is extended with
 only the turns after it, at any item (a compaction folds every turn, so the
 prefix need not end where a user turn starts). What is not a conversation
 turn is never summarized as one: system and developer messages, the proxy's
-own expanded summaries (:func:`is_summary`), compaction items and triggers.
+own expanded summaries (:func:`policies.items.is_summary`), compaction items
+and triggers.
 Client-held pieces:
 
 - :func:`retained`: what ``/v1/responses/compact`` hands back besides the
@@ -26,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policies.facts import MAX_FACTS, extract, merge
-from policies.items import item_layout, kind_of, role_of
+from policies.items import item_layout, kind_of, recallable, role_of
 from policies.summarize import Plan, allowance
-from policies.transcript import SUMMARY_HEADER, message_text
+from policies.transcript import message_text
 from policies.types import (
     CountFn,
     Message,
@@ -38,9 +39,6 @@ from policies.types import (
     SummaryTask,
 )
 from policies.units import SYSTEM_ROLES
-
-# Items that stand for turns or ask for a fold: never a turn themselves.
-NOT_TURNS = frozenset({"compaction", "compaction_trigger"})
 
 # The turn after the compaction: with it last, every real turn may be summarized.
 NEXT_TURN: Message = {"role": "user", "content": ""}
@@ -57,23 +55,10 @@ def compaction_spec(summarizer: SummarizerSpec) -> SummarizeSpec:
     )
 
 
-def is_summary(item: Message) -> bool:
-    """The proxy's own summary as a message (an expanded compaction item, stored as the
-    client's input was): never a conversation turn to summarize or recall."""
-    if role_of(item) != "user" or kind_of(item) != "message":
-        return False
-    content = item.get("content")
-    if isinstance(content, list):
-        content = content[0].get("text") if content and isinstance(content[0], dict) else None
-    return isinstance(content, str) and content.startswith(SUMMARY_HEADER)
-
-
 def is_turn(item: Message) -> bool:
     """An item a summary folds in: not a system or developer message, not the proxy's
     summary, not a compaction item or trigger."""
-    if kind_of(item) in NOT_TURNS:
-        return False
-    return role_of(item) not in SYSTEM_ROLES and not is_summary(item)
+    return recallable(item) and role_of(item) not in SYSTEM_ROLES
 
 
 def fold(

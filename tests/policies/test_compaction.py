@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from policies.compaction import fold, is_summary, newest_turn, pinned, retained
+from policies.compaction import fold, newest_turn, pinned, retained
+from policies.items import ItemShape, is_summary, recallable
 from policies.transcript import summary_content
 from policies.types import SummarizerSpec, SummaryState
 
@@ -101,3 +102,7 @@ def test_the_proxys_summary_and_compaction_items_are_not_turns():
         summary_item("x"),
     ]
     assert fold(items, SummarizerSpec(), count).task is None
+    # Recall never quotes them either; the turns they stand for stay recallable.
+    assert [recallable(i) for i in [*items, CALL, OUTPUT]] == [False] * 3 + [True] * 2
+    shape = ItemShape([CALL, OUTPUT, summary_item("x"), {"role": "user", "content": "a"}])
+    assert [shape.unit(i) for i in range(4)] == [(0, 2), (0, 2), None, (3, 4)]

@@ -91,7 +91,11 @@ def proxy_config(
     if compaction is not None:
         route["compaction"] = compaction
     recall = {"max_tokens": 150, "neighbors": 1}
-    policies = {"recalling": {"strategy": "trim", "max_tokens": 200, "recall": recall}}
+    policies = {
+        "recalling": {"strategy": "trim", "max_tokens": 200, "recall": recall},
+        # Room for whatever the folded turns held (recall spends at most what a fold saved).
+        "recalling_wide": {"strategy": "trim", "max_tokens": 4000, "recall": {"max_tokens": 1000}},
+    }
     return make_config(
         responses.url,
         tmp_path,
@@ -457,6 +461,38 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     summary = [i for i in received.json["input"] if "Summary of the earlier" in json.dumps(i)]
     assert "8731" not in json.dumps(summary)
     assert "compaction" not in [i.get("type") for i in received.json["input"]]
+
+
+def test_recall_never_quotes_an_expanded_summary_or_a_compaction_item(
+    start: Any,
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    tmp_path: Path,
+):
+    recalling = start(policy="recalling_wide")
+    sdk = client(recalling)
+    first = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    call = {"type": "function_call", "call_id": "c2", "name": "ls", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c2", "output": "settings.py"}
+    window = [*retained, first.model_dump(exclude_none=True), call, output]
+    second = sdk.responses.create(model="m", input=[*window, TRIGGER]).output[0]
+    # The session's stored history now holds the first summary, expanded (the second
+    # window's input), among the turns the second compaction folded away.
+    question = user("What goal and context did the fake summary and its compaction give?")
+    sdk.responses.create(
+        model="m", input=[*retained, second.model_dump(exclude_none=True), question]
+    )
+    (received,) = responses_upstream[0].received
+    sent = json.dumps(received.json["input"])
+    assert "fake summary 2" in sent and "fake summary 1" not in sent
+    recalling.drain()
+    rows = query(tmp_path / "other" / "ctxproxy.db", "SELECT detail_json FROM requests")
+    recall = json.loads(rows[-1]["detail_json"])["recall"]
+    stored = query(tmp_path / "other" / "ctxproxy.db", "SELECT id, message_json FROM items")
+    summaries = {r["id"] for r in stored if "Summary of the earlier" in r["message_json"]}
+    items = {r["id"] for r in stored if '"compaction' in r["message_json"]}
+    assert summaries and items
+    assert not {hit[1] for hit in recall["hits"]} & (summaries | items)
 
 
 def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns(
