@@ -1,5 +1,7 @@
-"""Generated hostile bodies on both endpoints: no 5xx of the proxy's own, OpenAI's shape
-on every 4xx, and what was stored before is byte-identical afterwards."""
+"""Generated hostile bodies on every endpoint that reads one (chat, Responses, and
+``/v1/responses/compact``): no 5xx of the proxy's own, OpenAI's shape on every 4xx, and
+what was stored before is byte-identical afterwards (a compaction stores summaries and
+items of its own: those are added, nothing stored before changes)."""
 
 from __future__ import annotations
 
@@ -52,7 +54,18 @@ def _encoded(raw: bytes, coding: str) -> tuple[bytes, str]:
     return (raw[: len(raw) // 2] if lie == "cut" else raw), name
 
 
-SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "fuzz-1", "ユ"])
+SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "seeded-compact", "fuzz-1", "ユ"])
+# A compaction of the seeded session: compacted before the fuzz, and again after it.
+SEEDED_COMPACTION = {
+    "model": "gpt-4o",
+    "input": [
+        {"role": "user", "content": "Find the port."},
+        {"type": "function_call", "call_id": "c1", "name": "grep", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "PORT = 8731"},
+        {"role": "assistant", "content": "It is 8731."},
+    ],
+}
+TABLES = ("sessions", "items", "responses", "summaries")
 
 
 def _seed(client: httpx.Client, proxy: ProxyServer) -> None:
@@ -72,22 +85,35 @@ def _seed(client: httpx.Client, proxy: ProxyServer) -> None:
         headers={"x-session-id": "seeded-responses"},
     )
     assert r.status_code == 200, r.text
+    r = _compact_seeded(client, proxy)
+    assert r.headers["x-context-compaction"] == "created", r.text
     proxy.drain()
+
+
+def _compact_seeded(client: httpx.Client, proxy: ProxyServer) -> httpx.Response:
+    r = client.post(
+        f"{proxy.url}/v1/responses/compact",
+        content=orjson.dumps(SEEDED_COMPACTION),
+        headers={"x-session-id": "seeded-compact"},
+    )
+    assert r.status_code == 200, r.text
+    return r
 
 
 def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     return {
         table: [tuple(row) for row in query(db, f"SELECT * FROM {table} ORDER BY rowid")]
-        for table in ("sessions", "items", "responses")
+        for table in TABLES
     }
 
 
 def _unchanged(
     before: dict[str, list[tuple[Any, ...]]], after: dict[str, list[tuple[Any, ...]]]
 ) -> None:
-    # Items and responses are append-only: every row stored before is still there, byte for
-    # byte. A session row's head and version move when a fuzzed body is a valid request.
-    for table in ("items", "responses"):
+    # Items, responses and summaries are append-only: every row stored before is still there,
+    # byte for byte. A session row's head and version move when a fuzzed body is a valid
+    # request.
+    for table in TABLES[1:]:
         assert after[table][: len(before[table])] == before[table], table
     keys_before = {row[:3] for row in before["sessions"]}
     assert keys_before <= {row[:3] for row in after["sessions"]}
@@ -97,7 +123,9 @@ def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally
     client = httpx.Client(
         timeout=30, headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz"}
     )
-    upstream = both.chat.received if path.endswith("completions") else both.responses.received
+    # A compaction calls its summarizer on the chat endpoint; the others their own.
+    upstream = both.responses.received if path.startswith("/v1/responses") else both.chat.received
+    summarizer = both.chat.received if path.endswith("/compact") else []
 
     @settings(
         max_examples=BODIES_PER_ENDPOINT,
@@ -115,9 +143,10 @@ def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally
             headers["x-app"] = app
         if session:
             headers["x-session-id"] = session.encode()  # type: ignore[assignment]
-        calls = len(upstream)
+        calls = len(upstream) + len(summarizer)
         response = client.post(proxy.url + path, content=raw, headers=headers)
-        tally.check(response, calls, len(upstream), f"{path} {headers} {raw[:300]!r}")
+        after = len(upstream) + len(summarizer)
+        tally.check(response, calls, after, f"{path} {headers} {raw[:300]!r}")
 
     try:
         one()
@@ -125,7 +154,7 @@ def _fuzz(proxy: ProxyServer, both: Both, strategy: Any, path: str, tally: Tally
         client.close()
 
 
-def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
+def test_fuzzed_bodies_on_every_endpoint_get_no_500_and_leave_the_store_intact(
     reliable_proxy, both, tmp_path
 ):
     proxy = reliable_proxy()
@@ -136,18 +165,26 @@ def test_fuzzed_bodies_on_both_endpoints_get_no_500_and_leave_the_store_intact(
     tally = Tally()
     _fuzz(proxy, both, bodies.chat_bodies | bodies.raw_garbage, "/v1/chat/completions", tally)
     _fuzz(proxy, both, bodies.responses_bodies | bodies.raw_garbage, "/v1/responses", tally)
+    compact = bodies.responses_bodies | bodies.raw_garbage
+    _fuzz(proxy, both, compact, "/v1/responses/compact", tally)
     proxy.drain()
     print(
         f"fuzz: {tally.bodies} bodies, statuses {sorted(tally.by_status.items())}, "
         f"relayed upstream 5xx {tally.relayed_5xx}"
     )
     own_5xx = sum(1 for f in tally.failures if f.startswith("5"))
-    figure("bodies fuzzed (both endpoints)", tally.bodies)
+    figure("bodies fuzzed (chat, responses, compact)", tally.bodies)
     figure("proxy 5xx on fuzzed bodies", own_5xx)
     figure("4xx not in OpenAI's shape", len(tally.failures) - own_5xx)
     assert tally.failures == [], "\n".join(tally.failures[:20])
-    assert tally.bodies >= 2 * BODIES_PER_ENDPOINT
-    _unchanged(before, _snapshot(db))
+    assert tally.bodies >= 3 * BODIES_PER_ENDPOINT
+    after = _snapshot(db)
+    _unchanged(before, after)
+    with httpx.Client(timeout=10, headers={"authorization": "Bearer sk-fuzz"}) as client:
+        # The seeded compaction, asked again of the same conversation: its stored summary,
+        # read back whole, answers (no summarizer call, nothing new made).
+        again = _compact_seeded(client, proxy)
+    assert again.headers["x-context-compaction"] == "reused", again.text
     # The proxy still answers, and the seeded server-held session still replays.
     r = httpx.post(
         f"{proxy.url}/v1/chat/completions",
