@@ -37,6 +37,7 @@ from proxy.context.summarizer import (
     SummaryOutput,
     SummaryRequest,
 )
+from proxy.context.summary_chunks import summarize_range
 from proxy.store.base import SessionRef, Store, chain_path_hashes
 from proxy.telemetry.logging import get_logger
 
@@ -190,11 +191,19 @@ async def _unstored(
     if not service.breaker.allow(given.route):
         return SummaryFailed("unavailable", "the circuit is open")
     summarizer = given.summarizer()
-    request = _request(given, messages, task)
+    shown = viewed(messages, task.source, given.view)
+    previous = task.previous.text if task.previous is not None else None
+    making = summarize_range(
+        summarizer,
+        given.summarizer_spec,
+        previous,
+        shown,
+        task.source,
+        task.max_tokens,
+        given.count,
+    )
     try:
-        output = await asyncio.wait_for(
-            summarizer.summarize(request), given.summarizer_spec.timeout_s
-        )
+        output = await asyncio.wait_for(making, given.summarizer_spec.timeout_s)
     except TimeoutError:
         service.breaker.failure(given.route)
         return SummaryFailed("timeout", "the compaction stopped waiting")

@@ -81,12 +81,14 @@ def proxy_config(
     compaction: str | None = None,
     policy: str = "passthrough",
     shared: dict[str, Any] | None = None,
+    summarizer_keys: dict[str, Any] | None = None,
 ) -> Any:
+    summarizer_spec = {"upstream": "summarizer", "model": "small", "timeout_s": 5}
     route: dict[str, Any] = {
         "match": {"path": "/v1/responses"},
         "upstream": "default",
         "policy": policy,
-        "compaction_summarizer": {"upstream": "summarizer", "model": "small", "timeout_s": 5},
+        "compaction_summarizer": {**summarizer_spec, **(summarizer_keys or {})},
     }
     if compaction is not None:
         route["compaction"] = compaction
