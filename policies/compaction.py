@@ -9,8 +9,7 @@ only the turns after it, at any item (a compaction folds every turn, so the
 prefix need not end where a user turn starts). What is not a conversation
 turn is never summarized as one: system and developer messages, the proxy's
 own expanded summaries (:func:`policies.items.is_summary`), compaction items
-and triggers.
-Client-held pieces:
+and triggers. Client-held pieces:
 
 - :func:`retained`: what ``/v1/responses/compact`` hands back besides the
   compaction item: the user messages, in order (as OpenAI's endpoint does).
@@ -40,12 +39,10 @@ from policies.types import (
 )
 from policies.units import SYSTEM_ROLES
 
-# The turn after the compaction: with it last, every real turn may be summarized.
-NEXT_TURN: Message = {"role": "user", "content": ""}
-
 
 def compaction_spec(summarizer: SummarizerSpec) -> SummarizeSpec:
-    """A summarize spec that folds every turn into one summary (and reuses one that did)."""
+    """A summarize spec that folds every turn into one summary: the summary service's
+    (its summarizer, answer budget and single flight) for :func:`fold`'s tasks."""
     return SummarizeSpec(
         trigger_turns=1,
         keep_last_turns=0,
