@@ -52,6 +52,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         bodies.responses_bodies | bodies.raw_garbage,
     ),
     Endpoint(
+        # A compaction calls its summarizer (the chat fake); valid bodies store summaries.
+        "responses compact",
+        "POST",
+        "/v1/responses/compact",
+        bodies.responses_bodies | bodies.raw_garbage,
+    ),
+    Endpoint(
         "context preview",
         "POST",
         "/v1/context/preview",

@@ -1,4 +1,4 @@
-"""The fuzz of both endpoints: how many bodies, and what a run checks after each one."""
+"""The fuzz of every endpoint: how many bodies, and what a run checks after each one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 
-# Per endpoint in `make test`; `make reliability` sets RELIABILITY_BODIES=10000 (x2 endpoints).
+# Per endpoint in `make test` (scaled by its share: endpoints.py); `make reliability` sets
+# RELIABILITY_BODIES=10000.
 BODIES_PER_ENDPOINT = int(os.environ.get("RELIABILITY_BODIES", "1000"))
 OWN_500 = "The proxy failed to handle this request."
 
