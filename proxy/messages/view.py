@@ -79,7 +79,8 @@ def check_request(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         at = f"messages.{i}"
         if not isinstance(message, dict):
             raise _bad(at, "must be an object.")
-        if message.get("role") not in ROLES:
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"{at}.role", "must be 'user' or 'assistant'.")
         content = message.get("content")
         if isinstance(content, list):

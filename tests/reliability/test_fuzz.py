@@ -153,7 +153,7 @@ def _fuzz(proxy: ProxyServer, both: Both, endpoint: Endpoint, tally: Tally) -> N
         url = endpoint.url(proxy.url, id_)
         response = client.request(endpoint.method, url, content=raw, headers=headers)
         what = f"{endpoint.method} {url} {headers} {(raw or b'')[:300]!r}"
-        tally.check(response, calls, both.calls(), what)
+        tally.check(response, calls, both.calls(), what, endpoint.door)
 
     try:
         one()
