@@ -1,0 +1,206 @@
+"""The real Claude Code runs a two-turn coding task through the proxy.
+
+``claude -p`` (package-lock.json's version; tests/agents/claude_code.py) talks to the
+proxy's /v1/messages as its ``ANTHROPIC_BASE_URL``. Behind the proxy a fake model
+scripts the task with Claude Code's own tools: the first turn reads a long build
+log, the second (``--continue``: the same session) reads calc.py and edits it, and
+each ends with a final text, which Claude Code prints. The route's policy trims to a
+budget with masking, so the second turn crosses the budget and the first turn's
+build log reaches the model masked; the store keeps it whole.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config.loader import parse_config
+from tests.agents.claude_code import locked_version, require_claude, run_claude
+from tests.fakes.anthropic import Reply, ToolUse
+from tests.fakes.claude_task import ClaudeTask, prompt_of
+from tests.harness import LoopThread, ProxyServer, query
+
+CHECK_LOG = "Check build.log for failures."
+FIX_ADD = "Fix add in calc.py."
+LOG_LINES = 600
+POLICY = {
+    "strategy": "trim",
+    "max_tokens": 23000,
+    "low_water": 0.9,
+    "mask_tool_outputs": {"after_turns": 1, "min_tokens": 200},
+}
+
+
+def workspace(tmp: Path) -> Path:
+    work = tmp / "work"
+    work.mkdir()
+    (work / "build.log").write_text(
+        "".join(
+            f"step {i}: compiled module_{i} in {i % 7}.{i % 10}s ok\n" for i in range(LOG_LINES)
+        )
+    )
+    (work / "calc.py").write_text(
+        "def add(a, b):\n    return a - b\n\n\n"
+        + "".join(f"def times_{i}(x):\n    return x * {i}\n\n\n" for i in range(200))
+    )
+    return work
+
+
+@pytest.fixture
+def model(loop_thread: LoopThread, tmp_path: Path) -> Iterator[ClaudeTask]:
+    work = tmp_path / "work"
+    log, calc = str(work / "build.log"), str(work / "calc.py")
+    fake = ClaudeTask(strict=True, count_input=True)
+    fake.turns = {
+        CHECK_LOG: [
+            Reply(text="", tool_use=ToolUse("Read", {"file_path": log}, id="toolu_read_log")),
+            Reply(text=f"build.log: {LOG_LINES} steps, no failures."),
+        ],
+        FIX_ADD: [
+            Reply(
+                text="",
+                thinking=("add subtracts; read calc.py first.", "sig-read-calc"),
+                tool_use=ToolUse("Read", {"file_path": calc}, id="toolu_read_calc"),
+            ),
+            Reply(
+                text="",
+                tool_use=ToolUse(
+                    "Edit",
+                    {"file_path": calc, "old_string": "return a - b", "new_string": "return a + b"},
+                    id="toolu_edit_calc",
+                ),
+            ),
+            Reply(text="Fixed add in calc.py: it now returns a + b."),
+        ],
+    }
+    loop_thread.run(fake.start())
+    yield fake
+    loop_thread.run(fake.stop())
+    assert fake.problems == [], "\n".join(fake.problems)
+
+
+@pytest.fixture
+def start(
+    loop_thread: LoopThread, tmp_path: Path
+) -> Iterator[Callable[[dict[str, Any]], ProxyServer]]:
+    started: list[ProxyServer] = []
+
+    def start(upstream: dict[str, Any]) -> ProxyServer:
+        data: dict[str, Any] = {
+            "store": {"path": str(tmp_path / "ctxproxy.db")},
+            "upstreams": {"up": {"timeout_s": 10, **upstream}},
+            "routes": [{"match": {"path": "/v1/messages"}, "upstream": "up", "policy": "agent"}],
+            "policies": {"agent": POLICY},
+        }
+        proxy = ProxyServer(loop_thread, parse_config(data))
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+def test_the_installed_claude_code_is_the_locked_version() -> None:
+    out = subprocess.run(
+        [str(require_claude()), "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split()[0] == locked_version()
+
+
+def test_claude_code_reads_and_edits_a_file_through_the_proxy(
+    model: ClaudeTask, start: Callable[[dict[str, Any]], ProxyServer], tmp_path: Path
+) -> None:
+    work = workspace(tmp_path)
+    proxy = start({"base_url": f"{model.url}/v1", "api": "anthropic"})
+    first = run_claude(tmp_path, proxy.url, CHECK_LOG)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_claude(tmp_path, proxy.url, FIX_ADD, resume=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    # What Claude Code printed, and what its tools did: the file is edited on disk.
+    assert first.stdout.strip() == f"build.log: {LOG_LINES} steps, no failures."
+    assert second.stdout.strip() == "Fixed add in calc.py: it now returns a + b."
+    assert (work / "calc.py").read_text().startswith("def add(a, b):\n    return a + b\n")
+
+    # What reached the upstream: one request a step, with Claude Code's own tools.
+    assert model.side_requests == []
+    sent = [r.json for r in model.turn_requests]
+    assert [prompt_of(b["messages"])[0] for b in sent] == [CHECK_LOG] * 2 + [FIX_ADD] * 3
+    assert {"Read", "Edit"} <= set(model.tools_seen)
+    assert {"old_string", "new_string"} <= set(model.tools_seen["Edit"]["input_schema"]["required"])
+    for body in sent:
+        check_pairs(body["messages"])
+    # The build log went whole until the second turn crossed the budget, then masked:
+    # its call and result in place, ids unchanged, only the result's content replaced.
+    logs = [result(b["messages"], "toolu_read_log") for b in sent[1:]]
+    assert [f"step {LOG_LINES - 1}:" in str(r["content"]) for r in logs] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert all(str(r["content"]).startswith("[tool output of") for r in logs[2:])
+    # The second turn's thinking block came back with its signature, untouched.
+    thinking = {
+        "type": "thinking",
+        "thinking": "add subtracts; read calc.py first.",
+        "signature": "sig-read-calc",
+    }
+    for body in sent[3:]:
+        assert thinking in [
+            b for m in body["messages"] if m["role"] == "assistant" for b in m["content"]
+        ]
+    edited = result(sent[-1]["messages"], "toolu_edit_calc")
+    assert not edited.get("is_error")
+
+    # What the proxy stored: one session, Claude Code's session id, a row per request;
+    # the build log kept whole (masking is a view).
+    proxy.drain()
+    db = tmp_path / "ctxproxy.db"
+    session = model.turn_requests[0].headers["x-claude-code-session-id"]
+    assert {r.headers["x-claude-code-session-id"] for r in model.turn_requests} == {session}
+    assert [s["key"] for s in query(db, "SELECT key FROM sessions")] == [session]
+    rows = query(
+        db,
+        "SELECT session_key, endpoint, status, tokens_before, tokens_after FROM requests"
+        " ORDER BY created_at",
+    )
+    assert [(r["session_key"], r["endpoint"], r["status"]) for r in rows] == [
+        (session, "/v1/messages", 200)
+    ] * 5
+    assert [r["tokens_after"] < r["tokens_before"] for r in rows] == [False] * 3 + [True] * 2
+    stored = "".join(r[0] for r in query(db, "SELECT message_json FROM items"))
+    assert f"step {LOG_LINES - 1}:" in stored
+
+
+def blocks(message: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    content = message["content"]
+    return [b for b in content if b.get("type") == kind] if isinstance(content, list) else []
+
+
+def check_pairs(messages: list[dict[str, Any]]) -> None:
+    """Every tool_use is answered in the very next message, and every tool_result answers
+    a tool_use of the message right before it: no pair split, none orphaned."""
+    for i, message in enumerate(messages):
+        calls = {b["id"] for b in blocks(message, "tool_use")}
+        after = messages[i + 1] if i + 1 < len(messages) else {"content": []}
+        assert calls <= {b["tool_use_id"] for b in blocks(after, "tool_result")}, i
+        before = messages[i - 1] if i else {"content": []}
+        answered = {b["tool_use_id"] for b in blocks(message, "tool_result")}
+        assert answered <= {b["id"] for b in blocks(before, "tool_use")}, i
+
+
+def result(messages: list[dict[str, Any]], tool_use_id: str) -> dict[str, Any]:
+    """The tool_result block answering ``tool_use_id``."""
+    return next(
+        b
+        for m in messages
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and b.get("tool_use_id") == tool_use_id
+    )
