@@ -16,11 +16,11 @@ is, while these work for any user.
 from __future__ import annotations
 
 import json
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.agents.process import AgentRun, run_agent
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / "node_modules" / ".bin" / "claude"
@@ -40,13 +40,6 @@ def require_claude() -> Path:
     return CLAUDE
 
 
-@dataclass(frozen=True)
-class ClaudeRun:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def run_claude(
     tmp: Path,
     proxy_url: str,
@@ -55,7 +48,7 @@ def run_claude(
     resume: bool = False,
     model: str | None = None,
     timeout: float = 120,
-) -> ClaudeRun:
+) -> AgentRun:
     """``claude -p PROMPT`` in ``tmp/work`` with its home in ``tmp/home``.
 
     ``resume``: ``--continue``, the folder's latest conversation's next turn (the same
@@ -83,14 +76,4 @@ def run_claude(
     args = ["-p", prompt, "--permission-mode", "acceptEdits", "--allowedTools", *TOOLS]
     if resume:
         args.append("--continue")
-    done = subprocess.run(
-        [str(claude), *args],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return ClaudeRun(done.returncode, done.stdout, done.stderr)
+    return run_agent([str(claude), *args], work, env, timeout)

@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from proxy.config.loader import parse_config
 from tests.agents.claude_code import locked_version, require_claude, run_claude
 from tests.fakes.anthropic import Reply, ToolUse
 from tests.fakes.claude_task import ClaudeTask, prompt_of
-from tests.harness import LoopThread, ProxyServer, query
+from tests.harness import LoopThread, ProxyServer, make_config, query
 
 CHECK_LOG = "Check build.log for failures."
 FIX_ADD = "Fix add in calc.py."
@@ -87,18 +86,16 @@ def model(loop_thread: LoopThread, tmp_path: Path) -> Iterator[ClaudeTask]:
 def start(
     loop_thread: LoopThread, tmp_path: Path
 ) -> Iterator[Callable[[dict[str, Any]], ProxyServer]]:
+    """``start(upstream)``: a proxy whose one route sends /v1/messages to ``upstream``
+    under the trim-and-mask policy; no session configuration (it reads Claude Code's)."""
     started: list[ProxyServer] = []
 
     def start(upstream: dict[str, Any]) -> ProxyServer:
-        data: dict[str, Any] = {
-            "store": {"path": str(tmp_path / "ctxproxy.db")},
-            "upstreams": {"up": {"timeout_s": 10, **upstream}},
-            "routes": [{"match": {"path": "/v1/messages"}, "upstream": "up", "policy": "agent"}],
-            "policies": {"agent": POLICY},
-        }
-        proxy = ProxyServer(loop_thread, parse_config(data))
-        started.append(proxy)
-        return proxy
+        route = {"match": {"path": "/v1/messages"}, "upstream": "up", "policy": "agent"}
+        extra = {"upstreams": {"up": {"timeout_s": 10, **upstream}}}
+        config = make_config("", tmp_path, routes=[route], policies={"agent": POLICY}, extra=extra)
+        started.append(ProxyServer(loop_thread, config))
+        return started[-1]
 
     yield start
     for proxy in started:
