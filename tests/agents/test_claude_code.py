@@ -7,10 +7,20 @@ log, the second (``--continue``: the same session) reads calc.py and edits it, a
 each ends with a final text, which Claude Code prints. The route's policy trims to a
 budget with masking, so the second turn crosses the budget and the first turn's
 build log reaches the model masked; the store keeps it whole.
+
+The budget's figures: Claude Code 2.1.332's first request is about 10,900 tokens as the
+proxy counts it (its system prompt and environment), the build log about 10,200 and
+calc.py about 3,900: the first turn (about 21,100) fits 23,000 and the second (about
+25,000) does not, with some 2,000 tokens of room either way.
+
+The same session then runs against an OpenAI-compatible upstream (Claude Code's
+``ANTHROPIC_MODEL`` set to its model): the proxy translates it through litellm, and
+what reached that upstream is asserted in OpenAI's shape.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,11 +31,16 @@ import pytest
 from tests.agents.claude_code import locked_version, require_claude, run_claude
 from tests.fakes.anthropic import Reply, ToolUse
 from tests.fakes.claude_task import ClaudeTask, prompt_of
-from tests.harness import LoopThread, ProxyServer, make_config, query
+from tests.fakes.upstream import FakeUpstream
+from tests.fakes.upstream import Reply as Chat
+from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config, query
 
 CHECK_LOG = "Check build.log for failures."
 FIX_ADD = "Fix add in calc.py."
 LOG_LINES = 600
+# The model Claude Code asks for (ANTHROPIC_MODEL) of the OpenAI-compatible upstream.
+MODEL = "gpt-4o"
+# Trim to a budget; mask tool results of at least 200 tokens in turns before the newest.
 POLICY = {
     "strategy": "trim",
     "max_tokens": 23000,
@@ -158,9 +173,17 @@ def test_claude_code_reads_and_edits_a_file_through_the_proxy(
     # What the proxy stored: one session, Claude Code's session id, a row per request;
     # the build log kept whole (masking is a view).
     proxy.drain()
-    db = tmp_path / "ctxproxy.db"
-    session = model.turn_requests[0].headers["x-claude-code-session-id"]
+    session = check_stored(tmp_path)
     assert {r.headers["x-claude-code-session-id"] for r in model.turn_requests} == {session}
+
+
+def check_stored(tmp: Path) -> str:
+    """One session, keyed by Claude Code's session id (the name of its transcript), a row
+    per request, the last two masked; the build log stored whole. The session's key."""
+    transcripts = list((tmp / "home" / ".claude" / "projects").glob("*/*.jsonl"))
+    assert len(transcripts) == 1
+    session = transcripts[0].stem
+    db = tmp / "ctxproxy.db"
     assert [s["key"] for s in query(db, "SELECT key FROM sessions")] == [session]
     rows = query(
         db,
@@ -173,6 +196,7 @@ def test_claude_code_reads_and_edits_a_file_through_the_proxy(
     assert [r["tokens_after"] < r["tokens_before"] for r in rows] == [False] * 3 + [True] * 2
     stored = "".join(r[0] for r in query(db, "SELECT message_json FROM items"))
     assert f"step {LOG_LINES - 1}:" in stored
+    return session
 
 
 def blocks(message: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -201,3 +225,86 @@ def result(messages: list[dict[str, Any]], tool_use_id: str) -> dict[str, Any]:
         for b in m["content"]
         if b.get("type") == "tool_result" and b.get("tool_use_id") == tool_use_id
     )
+
+
+def call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def test_the_same_session_through_a_translated_openai_compatible_upstream(
+    fake: tuple[FakeUpstream, AiohttpServer],
+    start: Callable[[dict[str, Any]], ProxyServer],
+    tmp_path: Path,
+) -> None:
+    upstream, server = fake
+    work = workspace(tmp_path)
+    log, calc = str(work / "build.log"), str(work / "calc.py")
+    upstream.replies += [
+        Chat(tool_calls=[call("call_read_log", "Read", {"file_path": log})]),
+        Chat(content=f"build.log: {LOG_LINES} steps, no failures."),
+        Chat(tool_calls=[call("call_read_calc", "Read", {"file_path": calc})]),
+        Chat(
+            tool_calls=[
+                call(
+                    "call_edit_calc",
+                    "Edit",
+                    {"file_path": calc, "old_string": "return a - b", "new_string": "return a + b"},
+                )
+            ]
+        ),
+        Chat(content="Fixed add in calc.py: it now returns a + b."),
+    ]
+    proxy = start({"base_url": f"{server.url}/v1"})
+    first = run_claude(tmp_path, proxy.url, CHECK_LOG, model=MODEL)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_claude(tmp_path, proxy.url, FIX_ADD, resume=True, model=MODEL)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert first.stdout.strip() == f"build.log: {LOG_LINES} steps, no failures."
+    assert second.stdout.strip() == "Fixed add in calc.py: it now returns a + b."
+    assert (work / "calc.py").read_text().startswith("def add(a, b):\n    return a + b\n")
+
+    # What reached the upstream: chat completions in OpenAI's shape, Claude Code's tools
+    # as functions, its tool_use/tool_result blocks as tool calls and tool messages.
+    sent = [r.json for r in upstream.chat_requests]
+    assert [r.path for r in upstream.chat_requests] == ["/v1/chat/completions"] * 5
+    assert all(b["model"] == MODEL and b["stream"] is True for b in sent)
+    functions = {t["function"]["name"]: t["function"] for t in sent[0]["tools"]}
+    assert {"Read", "Edit"} <= set(functions)
+    assert "old_string" in functions["Edit"]["parameters"]["required"]
+    for body in sent:
+        check_openai_pairs(body["messages"])
+        kinds = {
+            p.get("type")
+            for m in body["messages"]
+            if isinstance(m.get("content"), list)
+            for p in m["content"]
+        }
+        assert not kinds & {"tool_use", "tool_result", "thinking"}
+    # The build log whole until the second turn crossed the budget, then masked.
+    logs = [tool_message(b["messages"], "call_read_log")["content"] for b in sent[1:]]
+    assert [f"step {LOG_LINES - 1}:" in str(c) for c in logs] == [True, True, False, False]
+    assert all(str(c).startswith("[tool output of") for c in logs[2:])
+    assert "updated" in str(tool_message(sent[-1]["messages"], "call_edit_calc")["content"])
+
+    # Stored: one session, Claude Code's own (its transcript is named by it).
+    proxy.drain()
+    check_stored(tmp_path)
+
+
+def check_openai_pairs(messages: list[dict[str, Any]]) -> None:
+    """Each assistant's tool calls are answered by the tool messages right after it."""
+    for i, message in enumerate(messages):
+        calls = [c["id"] for c in message.get("tool_calls") or []]
+        answers = [m.get("tool_call_id") for m in messages[i + 1 : i + 1 + len(calls)]]
+        assert answers == calls, i
+        if message["role"] == "tool":
+            before = messages[i - 1]
+            assert before["role"] == "tool" or before.get("tool_calls"), i
+
+
+def tool_message(messages: list[dict[str, Any]], call_id: str) -> dict[str, Any]:
+    return next(m for m in messages if m.get("tool_call_id") == call_id)
