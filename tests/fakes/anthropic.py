@@ -69,8 +69,10 @@ class Reply:
     hold_open: bool = False
     # ... or fall silent for a while (to provoke a read timeout mid-stream) ...
     stall_s: float = 0.0
-    # ... or end it with an in-stream error event: (error type, message).
+    # ... or end it with an in-stream error event: (error type, message) ...
     stream_error: tuple[str, str] | None = None
+    # ... or just end it there, without message_delta or message_stop (a dropped upstream).
+    cut_short: bool = False
 
     @classmethod
     def tool(cls, name: str, input: dict[str, Any], *, text: str = "") -> Reply:
@@ -365,6 +367,8 @@ class FakeAnthropic:
             await send(
                 "error", {"type": "error", "error": {"type": error_type, "message": message}}
             )
+            return
+        if reply.cut_short:
             return
         if reply.text:
             await send("content_block_stop", {"type": "content_block_stop", "index": index})
