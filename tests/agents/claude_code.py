@@ -47,12 +47,14 @@ def run_claude(
     *,
     resume: bool = False,
     model: str | None = None,
+    tools: tuple[str, ...] = TOOLS,
     timeout: float = 120,
 ) -> AgentRun:
     """``claude -p PROMPT`` in ``tmp/work`` with its home in ``tmp/home``.
 
     ``resume``: ``--continue``, the folder's latest conversation's next turn (the same
     session id). ``model``: ``ANTHROPIC_MODEL`` (its own default model otherwise).
+    ``tools``: the tools it may use without asking (``Agent``: it may start sub-agents).
     """
     claude = require_claude()
     home = tmp / "home"
@@ -73,7 +75,7 @@ def run_claude(
     }
     if model is not None:
         env["ANTHROPIC_MODEL"] = model
-    args = ["-p", prompt, "--permission-mode", "acceptEdits", "--allowedTools", *TOOLS]
+    args = ["-p", prompt, "--permission-mode", "acceptEdits", "--allowedTools", *tools]
     if resume:
         args.append("--continue")
     return run_agent([str(claude), *args], work, env, timeout)

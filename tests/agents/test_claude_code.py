@@ -37,6 +37,7 @@ from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config, q
 
 CHECK_LOG = "Check build.log for failures."
 FIX_ADD = "Fix add in calc.py."
+COUNT = "Count the steps, with a helper."
 LOG_LINES = 600
 # The model Claude Code asks for (ANTHROPIC_MODEL) of the OpenAI-compatible upstream.
 MODEL = "gpt-4o"
@@ -293,6 +294,58 @@ def test_the_same_session_through_a_translated_openai_compatible_upstream(
     # Stored: one session, Claude Code's own (its transcript is named by it).
     proxy.drain()
     check_stored(tmp_path)
+
+
+def test_a_sub_agent_is_kept_apart_from_its_parent_session(
+    loop_thread: LoopThread, start: Callable[[dict[str, Any]], ProxyServer], tmp_path: Path
+) -> None:
+    helper = "Count the steps in build.log."
+    fake = ClaudeTask(strict=True, count_input=True)
+    agent = {"description": "Count log steps", "prompt": helper, "run_in_background": False}
+    fake.turns = {
+        COUNT: [
+            Reply(text="", tool_use=ToolUse("Agent", agent, id="toolu_agent")),
+            Reply(text="The helper counted 600 steps."),
+        ],
+        helper: [Reply(text="600 steps.")],
+    }
+    loop_thread.run(fake.start())
+    try:
+        proxy = start({"base_url": f"{fake.url}/v1", "api": "anthropic"})
+        run = run_claude(tmp_path, proxy.url, COUNT, tools=("Read", "Agent"))
+    finally:
+        loop_thread.run(fake.stop())
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "The helper counted 600 steps."
+    assert fake.problems == [] and fake.side_requests == []
+
+    # The sub-agent's request: its own task, its parent's session id and its agent id.
+    parent, child, last = fake.requests
+    assert [prompt_of(r.json["messages"])[0] for r in fake.requests] == [COUNT, helper, COUNT]
+    session = parent.headers["x-claude-code-session-id"]
+    assert child.headers["x-claude-code-session-id"] == session
+    agent_id = child.headers["x-claude-code-agent-id"]
+    assert "x-claude-code-agent-id" not in parent.headers | last.headers
+    # Stored as two sessions: the sub-agent's history never joins its parent's turns.
+    proxy.drain()
+    db = tmp_path / "ctxproxy.db"
+    sub = f"{session}/agent/{agent_id}"
+    rows = query(db, "SELECT session_key FROM requests ORDER BY created_at")
+    assert [r["session_key"] for r in rows] == [session, sub, session]
+    text = {
+        key: "".join(
+            r[0]
+            for r in query(
+                db,
+                "SELECT message_json FROM items JOIN sessions ON sessions.id = items.session_id"
+                " WHERE sessions.key = ?",
+                key,
+            )
+        )
+        for key in (session, sub)
+    }
+    assert COUNT in text[session] and COUNT not in text[sub]
+    assert helper in text[sub] and "toolu_agent" not in text[sub]
 
 
 def check_openai_pairs(messages: list[dict[str, Any]]) -> None:
