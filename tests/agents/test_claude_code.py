@@ -38,6 +38,8 @@ from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config, q
 CHECK_LOG = "Check build.log for failures."
 FIX_ADD = "Fix add in calc.py."
 COUNT = "Count the steps, with a helper."
+# A line of Claude Code's environment block (a system turn inside messages).
+ENVIRONMENT = "Primary working directory:"
 LOG_LINES = 600
 # The model Claude Code asks for (ANTHROPIC_MODEL) of the OpenAI-compatible upstream.
 MODEL = "gpt-4o"
@@ -148,6 +150,9 @@ def test_claude_code_reads_and_edits_a_file_through_the_proxy(
     assert {"old_string", "new_string"} <= set(model.tools_seen["Edit"]["input_schema"]["required"])
     for body in sent:
         check_pairs(body["messages"])
+        # Its environment block, a system turn after the first user message, in place.
+        assert body["messages"][1]["role"] == "system"
+        assert ENVIRONMENT in json.dumps(body["messages"][1]["content"])
     # The build log went whole until the second turn crossed the budget, then masked:
     # its call and result in place, ids unchanged, only the result's content replaced.
     logs = [result(b["messages"], "toolu_read_log") for b in sent[1:]]
@@ -285,6 +290,9 @@ def test_the_same_session_through_a_translated_openai_compatible_upstream(
             for p in m["content"]
         }
         assert not kinds & {"tool_use", "tool_result", "thinking"}
+        # The environment system turn reached it once (litellm makes it a user message).
+        env = [m["role"] for m in body["messages"] if ENVIRONMENT in json.dumps(m)]
+        assert env == ["user"]
     # The build log whole until the second turn crossed the budget, then masked.
     logs = [tool_message(b["messages"], "call_read_log")["content"] for b in sent[1:]]
     assert [f"step {LOG_LINES - 1}:" in str(c) for c in logs] == [True, True, False, False]
