@@ -123,7 +123,7 @@ def test_the_proxys_own_errors_have_anthropics_shape_and_status(
         client.messages.create(
             model=MODEL,
             max_tokens=8,
-            messages=[{"role": "system", "content": "no such role"}],  # type: ignore[typeddict-item]
+            messages=[{"role": "tool", "content": "no such role"}],  # type: ignore[typeddict-item]
         )
     assert bad.value.body["type"] == "error"  # type: ignore[index]
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
