@@ -35,7 +35,7 @@ $(DEV): requirements-dev.lock pyproject.toml $(PIP)
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(RUNTIME) $@
 
-# The coding agents the tests drive through the proxy (tests/agents/: the Codex CLI),
+# The coding agents the tests drive through the proxy (tests/agents/: the Codex CLI, Claude Code),
 # exactly as package-lock.json pins them; again only when the lock changes.
 NODE_STAMP := node_modules/.installed
 $(NODE_STAMP): package.json package-lock.json

@@ -27,7 +27,7 @@ from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body
-from proxy.http.session_lookup import find_session
+from proxy.http.session_lookup import find_session, session_hint
 from proxy.http.sessions import session_ref
 from proxy.http.shape import (
     MAX_DEPTH,
@@ -90,9 +90,10 @@ class ChatExchange(ExchangeRelay):
 
     def _resent_body(self) -> dict[str, Any] | None:
         """The body, when it is its session's last one continued: only the new part parsed
-        (proxy/http/resent_body.py). Only a session named by its header is known before
-        the body is read; plan() checks the id as for any other request."""
-        key = self.headers.get(self.rt.config.session.header.lower())
+        (proxy/http/resent_body.py). The session is the one the headers (or the bytes'
+        prompt_cache_key) name, a hint (proxy/http/session_lookup.py); plan() finds it
+        from the parsed body as for any other request."""
+        key = session_hint(self.rt.config.session, self.headers, self.raw)
         if not key or not self.may_store:
             return None
         body = self.rt.messages.resent_body(SessionRef(self.tenant, key), self.raw)

@@ -283,6 +283,11 @@ SUMMARIZER = obj(
         "max_tokens": integer("The summary's length.", 16),
         "prompt_file": text("Instructions replacing the built-in prompt; relative to this file."),
         "timeout_s": number("Longest wait; then the request is trimmed instead."),
+        "context_window": integer(
+            "Input tokens the summarizer model reads (default: the model's known window); "
+            "a longer range is summarized in chunks.",
+            256,
+        ),
     },
 )
 
