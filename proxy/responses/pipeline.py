@@ -46,7 +46,7 @@ from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.pipeline import ChatExchange
 from proxy.chat.recall_step import spec_recall
 from proxy.context.tokens import LONG_TEXT, counter_for
-from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError, upstream_failure
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.sessions import session_key, session_ref
 from proxy.http.shape import check_responses
@@ -146,9 +146,12 @@ class ResponsesExchange(ChatExchange):
         # input alone is not it, so there is nothing here to trim.
         spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
         started = time.perf_counter()
-        self.decision = decide(
-            spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
-        )
+        upstream = self.route.upstream
+
+        def calibration(name: str) -> float:
+            return rt.calibration.factor(name, upstream)
+
+        self.decision = decide(spec, self.conversation, self.item_hashes, body, model, calibration)
         self.policy_s = time.perf_counter() - started
         self.stable_prefix = measure_stable_prefix(
             rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock
@@ -272,7 +275,7 @@ class ResponsesExchange(ChatExchange):
         if answer is not None:
             await self._commit(answer)
         else:
-            invalid = None
+            invalid = upstream_failure(response.status, content)
             if response.status == 200:
                 invalid = UpstreamError(
                     "The upstream's 200 answer is not a response object.",

@@ -20,6 +20,17 @@ from aiohttp import web
 
 from tests.fakes.prefix_cache import Block, OpenAIPrefixCache
 
+LIST_CONTENT_ERROR = orjson.dumps(
+    {
+        "error": {
+            "message": 'can only concatenate str (not "list") to str',
+            "type": "internal_server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+)
+
 
 @dataclass
 class Reply:
@@ -34,6 +45,8 @@ class Reply:
     # Stop a stream after this many chunks and drop the connection.
     break_after_chunks: int | None = None
     prompt_tokens: int | None = None
+    # The answer's finish_reason ("length": cut off at max_tokens); None: stop / tool_calls.
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -65,6 +78,12 @@ class FakeUpstream:
     # A simulated OpenAI prompt cache: usage then reports
     # prompt_tokens_details.cached_tokens (None: usage without details, as before).
     prefix_cache: OpenAIPrefixCache | None = None
+    # llama-cpp-python's chat formats concatenate ``content`` as a string: a list of
+    # parts fails there with this 500 (its error handler's shape and message).
+    string_content_only: bool = False
+    # The model a local server names in its answers whatever name it was sent
+    # (llama-cpp-python: its model path); None answers with the name sent.
+    served_model: str | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -141,6 +160,13 @@ class FakeUpstream:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         rec = await self._record(request)
         data = rec.json if isinstance(rec.json, dict) else {}
+        if self.string_content_only and any(
+            isinstance(m, dict) and isinstance(m.get("content"), list)
+            for m in data.get("messages") or []
+        ):
+            return web.Response(
+                status=500, body=LIST_CONTENT_ERROR, content_type="application/json"
+            )
         reply = self._summary_reply() if is_summarizer_call(rec) else self._reply_for(data)
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -158,7 +184,7 @@ class FakeUpstream:
             self.last_response = body
             return web.Response(status=reply.status, body=body, content_type="application/json")
         cid = f"chatcmpl-{next(self.ids)}"
-        model = data.get("model", "gpt-4o")
+        model = self.served_model or data.get("model", "gpt-4o")
         prompt_tokens = reply.prompt_tokens or self._prompt_tokens(data)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
@@ -187,7 +213,8 @@ class FakeUpstream:
                         "index": 0,
                         "message": message,
                         "logprobs": None,
-                        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                        "finish_reason": reply.finish_reason
+                        or ("tool_calls" if reply.tool_calls else "stop"),
                     }
                 ],
                 "usage": usage,
