@@ -202,6 +202,7 @@ class ChatExchange(ExchangeRelay):
                 counts=counts,
                 memo=rt.summaries.memo,
                 ref=self.ref,
+                upstream=self.route.upstream,
             )
         waited = (self.summary.wait_ms or 0.0) / 1000 if self.summary else 0.0
         self.policy_s = time.perf_counter() - started - waited

@@ -117,7 +117,13 @@ class ExchangeRecord(ExchangeState):
         )
         if r.upstream_status == 200 and r.usage is not None:
             # What was forwarded (messages plus tools and priming) vs what was billed.
-            self.rt.calibration.observe_usage(r.model, r.tokens_after, r.usage)
+            self.rt.calibration.observe_usage(
+                r.model,
+                r.tokens_after,
+                r.usage,
+                upstream=self.route.upstream if self.route is not None else None,
+                answered_as=self.answered_as,
+            )
 
     def _log(self, r: RequestRecord) -> None:
         # A 5xx is the proxy's or the upstream's failure: warning, so alerts can key on level.

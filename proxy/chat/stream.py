@@ -6,6 +6,7 @@ a copy, so a malformed or unknown event never disturbs the relay.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -50,6 +51,8 @@ class ChatReplyAssembler:
         self._size = 0
         self._max_bytes = max_bytes
         self.usage: dict[str, Any] | None = None
+        # The model the chunks name (the one that answered).
+        self.model: str | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.chunks = 0
@@ -75,6 +78,8 @@ class ChatReplyAssembler:
 
     def _event(self, event: dict[str, Any]) -> None:
         self.chunks += 1
+        if self.model is None and isinstance(event.get("model"), str):
+            self.model = event["model"]
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         choices = event.get("choices") or []
@@ -155,17 +160,34 @@ class ChatReplyAssembler:
         return msg
 
 
-def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The assistant message of choice 0 and the usage of a chat.completion body."""
+@dataclass(frozen=True)
+class Completion:
+    """What a chat.completion body says: choice 0's message, usage, the model that answered."""
+
+    message: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+
+
+def reply_from_completion(body: bytes) -> Completion:
+    """The assistant message of choice 0, the usage and the model of a chat.completion body."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None
+        return Completion()
     if not isinstance(data, dict):
-        return None, None
+        return Completion()
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+    model = data.get("model") if isinstance(data.get("model"), str) else None
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None, usage
+        return Completion(None, usage, model)
     message = choices[0].get("message")
-    return (dict(message) if isinstance(message, dict) else None), usage
+    finish = choices[0].get("finish_reason")
+    return Completion(
+        dict(message) if isinstance(message, dict) else None,
+        usage,
+        model,
+        finish if isinstance(finish, str) else None,
+    )

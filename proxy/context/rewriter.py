@@ -35,7 +35,7 @@ def reserved_for_answer(body: Mapping[str, Any]) -> int:
     return 0
 
 
-def _uncalibrated(model: str) -> float:
+def _uncalibrated(model: str, upstream: str | None = None) -> float:
     return 1.0
 
 
@@ -65,10 +65,10 @@ class Rewriter:
     def __init__(
         self,
         policies: Mapping[str, PolicySpec],
-        calibration: Callable[[str], float] = _uncalibrated,
+        calibration: Callable[[str, str | None], float] = _uncalibrated,
     ) -> None:
         self._policies = policies
-        # Upstream tokens per local token for a model (proxy.calibration).
+        # Upstream tokens per local token for a model through an upstream (proxy.calibration).
         self._calibration = calibration
 
     def needs_model_info(self) -> bool:
@@ -88,6 +88,7 @@ class Rewriter:
         counts: Sequence[int] | None = None,
         memo: PlanMemo | None = None,
         ref: SessionRef | None = None,
+        upstream: str | None = None,
     ) -> Decision:
         """The policy's decision for one request.
 
@@ -102,7 +103,7 @@ class Rewriter:
         spec = self._policies[policy]
         count = self.counter(messages, model, keys, counts)
         tokens = conversation_tokens(spec, messages, count, counts)
-        budget, factor = self.budget(spec, body, model, tokens=tokens)
+        budget, factor = self.budget(spec, body, model, tokens=tokens, upstream=upstream)
         if memo is None or ref is None or keys is None or counts is None:
             return self._decide(messages, spec, count, budget, factor, counts)
         # Compared, never hashed; the spec is the same object from request to request.
@@ -160,13 +161,15 @@ class Rewriter:
         model: str,
         *,
         tokens: int | None = None,
+        upstream: str | None = None,
     ) -> tuple[Budget, float]:
         """The budget ``spec`` runs with for this request, and the calibration factor applied.
 
         ``tokens``: the conversation's count (:func:`conversation_tokens`), when
-        known. A conversation that fits the whole budget keeps all of it: the
-        recall reserve is not taken off (``Budget.spare`` instead), so a policy
-        with recall drops nothing earlier than the same policy without.
+        known; ``upstream``: where the request goes (calibration is per upstream). A
+        conversation that fits the whole budget keeps all of it: the recall reserve is
+        not taken off (``Budget.spare`` instead), so a policy with recall drops nothing
+        earlier than the same policy without.
         """
         counter = counter_for(model)
         limit: int | None = None
@@ -175,7 +178,7 @@ class Rewriter:
             limit = budget_limit(spec, window, reserved_for_answer(body))
         elif isinstance(spec, SummarizeSpec):
             limit = limit_of(spec)
-        factor = self._calibration(model) if limit is not None else 1.0
+        factor = self._calibration(model, upstream) if limit is not None else 1.0
         if limit is not None and factor != 1.0:
             # The budget is in the upstream's tokens; the counts are local: convert
             # the budget, so counts stay what tiktoken says (and calibration stable).

@@ -37,6 +37,41 @@ def test_factor_applies_only_after_enough_samples():
     assert cal.factor("unknown") == 1.0
 
 
+def test_factor_applies_from_the_first_answer_by_default():
+    cal = Calibration()
+    cal.observe("m", 1000, 1090)
+    assert cal.factor("m") == pytest.approx(1.09)
+
+
+def test_factor_belongs_to_the_model_that_answered_not_the_name_sent():
+    cal = Calibration()
+    # llama.cpp answers every name as the one model it serves.
+    cal.observe_usage(
+        "gemma", 1000, {"prompt_tokens": 1100}, upstream="local", answered_as="g.gguf"
+    )
+    assert cal.factor("gemma", "local") == pytest.approx(1.1)
+    # A name never sent before reaches the same model: the same factor, at once.
+    assert cal.factor("my-new-name", "local") == pytest.approx(1.1)
+    # Another upstream's model of that name is another model.
+    assert cal.factor("gemma", "openai") == 1.0
+    [entry] = cal.snapshot()
+    assert (entry["upstream"], entry["model"], entry["client_models"]) == (
+        "local",
+        "g.gguf",
+        ["gemma"],
+    )
+
+
+def test_an_upstream_serving_several_models_keeps_them_apart():
+    cal = Calibration()
+    cal.observe_usage("a", 1000, {"prompt_tokens": 1100}, upstream="u", answered_as="a-1")
+    cal.observe_usage("b", 1000, {"prompt_tokens": 1300}, upstream="u", answered_as="b-1")
+    assert cal.factor("a", "u") == pytest.approx(1.1)
+    assert cal.factor("b", "u") == pytest.approx(1.3)
+    # Which of the two a new name reaches is unknown: uncalibrated until it answers.
+    assert cal.factor("c", "u") == 1.0
+
+
 def test_factor_follows_a_changed_tokenizer():
     cal = Calibration()
     for _ in range(20):
@@ -126,7 +161,9 @@ def test_rewriter_divides_the_budget_so_the_upstream_count_fits():
     # Uncalibrated, everything fits locally, and the upstream would count 10% over.
     assert plain.tokens_after == limit and not plain.dropped
     assert round(plain.tokens_after * 1.1) > limit
-    calibrated = Rewriter(policies, lambda model: 1.1).decide("fit", messages, {}, "gpt-4o")
+    calibrated = Rewriter(policies, lambda model, upstream: 1.1).decide(
+        "fit", messages, {}, "gpt-4o"
+    )
     assert calibrated.budget == int(limit / 1.1)
     assert calibrated.extra["calibration"] == 1.1
     assert calibrated.dropped and round(calibrated.tokens_after * 1.1) <= limit
@@ -134,28 +171,52 @@ def test_rewriter_divides_the_budget_so_the_upstream_count_fits():
     assert calibrated.tokens_before == plain.tokens_before
 
 
-def test_calibration_converges_through_the_proxy_and_budgets_hold(fake, start_proxy):
-    upstream, _ = fake
-    upstream.prompt_token_factor = 1.1
-    limit = 600
+def fit_proxy(start_proxy: Any, limit: int) -> tuple[Any, openai.OpenAI]:
+    """A proxy whose one route trims to ``limit`` tokens, and a client of it."""
     proxy = start_proxy(
         policies={"fit": {"strategy": "trim", "max_tokens": limit}},
         routes=[
             {"match": {"path": "/v1/chat/completions"}, "upstream": "default", "policy": "fit"}
         ],
     )
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+    return proxy, openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+
+
+def test_calibration_converges_through_the_proxy_and_budgets_hold(fake, start_proxy):
+    upstream, _ = fake
+    upstream.prompt_token_factor = 1.1
+    limit = 600
+    proxy, client = fit_proxy(start_proxy, limit)
     for n in range(6):
         # Small conversations the budget does not touch: pure measurement.
         client.chat.completions.create(model="gpt-4o", messages=chat_of(200 + 40 * n))
     proxy.drain()
     samples = parse(httpx.get(f"{proxy.url}/metrics").text)
-    factor = value(samples, "ctxproxy_token_calibration_factor", model="gpt-4o")
+    labels = {"upstream": "default", "model": "gpt-4o"}
+    factor = value(samples, "ctxproxy_token_calibration_factor", **labels)
     assert factor == pytest.approx(1.1, abs=0.01)
-    assert value(samples, "ctxproxy_token_calibration_samples", model="gpt-4o") == 6
+    assert value(samples, "ctxproxy_token_calibration_samples", **labels) == 6
     # A conversation that fits the budget by tiktoken's count but not by the upstream's.
     raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=chat_of(limit))
     assert int(raw.headers["x-context-tokens-before"]) == limit
+    assert int(raw.headers["x-context-messages-dropped"]) > 0
+    completion = raw.parse()
+    assert completion.usage is not None and completion.usage.prompt_tokens <= limit
+
+
+def test_a_new_model_name_is_calibrated_from_the_upstreams_first_answer(fake, start_proxy):
+    """A local server answers any name as its one model: the first answer, under
+    another name, already holds the next request's budget in the server's tokens."""
+    upstream, _ = fake
+    upstream.prompt_token_factor = 1.2
+    upstream.served_model = "gemma-3-270m-q4_k_m.gguf"
+    limit = 600
+    proxy, client = fit_proxy(start_proxy, limit)
+    client.chat.completions.create(model="local", messages=chat_of(300))
+    proxy.drain()
+    raw = client.chat.completions.with_raw_response.create(
+        model="another-name", messages=chat_of(limit)
+    )
     assert int(raw.headers["x-context-messages-dropped"]) > 0
     completion = raw.parse()
     assert completion.usage is not None and completion.usage.prompt_tokens <= limit
