@@ -14,7 +14,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -140,6 +140,9 @@ def _upstream_at(name: str, raw: Any) -> UpstreamConfig:
             "headers",
             "responses",
             "cache",
+            "system_messages",
+            "context_window",
+            "context_windows",
         },
     )
     return _upstream(name, node)
@@ -171,7 +174,35 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
         cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+        system_messages=_system_messages(node),
+        context_window=node.integer("context_window", minimum=1),
+        context_windows=_context_windows(node),
     )
+
+
+def _system_messages(node: Node) -> Literal["all", "first", "none"]:
+    value = node.text("system_messages", "all")
+    if value == "first":
+        return "first"
+    if value == "none":
+        return "none"
+    if value != "all":
+        node.bad("system_messages", f"must be all, first or none, got {value!r}")
+    return "all"
+
+
+def _context_windows(node: Node) -> dict[str, int]:
+    raw = node.raw("context_windows") or {}
+    if not isinstance(raw, Mapping):
+        node.bad("context_windows", f"must be a mapping of model names to tokens, got {raw!r}")
+        return {}
+    windows = Node(node.at("context_windows"), raw, {str(k) for k in raw})
+    out: dict[str, int] = {}
+    for model in raw:
+        tokens = windows.integer(str(model), minimum=1)
+        if tokens is not None:
+            out[str(model)] = tokens
+    return out
 
 
 def _cache(node: Node) -> CacheConfig:

@@ -113,6 +113,16 @@ class UpstreamConfig:
     # "bridge" translates to chat completions and back (litellm_model: always).
     responses: Literal["native", "bridge"] = "native"
     cache: CacheConfig = CacheConfig()
+    # How the model's chat template treats system messages: "all" reach it
+    # (OpenAI, Anthropic, most templates); "first": only a leading one does
+    # (llama-cpp-python's default formats); "none": all are dropped (its gemma
+    # format). Below "all", summaries go as a user/assistant pair and the
+    # summarizer's instructions in its user message (docs/local-models.md).
+    system_messages: Literal["all", "first", "none"] = "all"
+    # Input tokens the models it serves accept: one figure for all, or per model
+    # name (None: the model map's, else what the server itself says, when it says).
+    context_window: int | None = None
+    context_windows: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,19 @@ UPSTREAM = obj(
             "native",
             "bridge",
         ),
+        "system_messages": choice(
+            "Which system messages its chat template shows the model: all, the first, or none "
+            "(below all, summaries go as a user/assistant pair).",
+            "all",
+            "first",
+            "none",
+        ),
+        "context_window": integer("Input tokens every model it serves accepts.", 1),
+        "context_windows": {
+            "type": "object",
+            "description": "Input tokens per model name it serves.",
+            "additionalProperties": integer("Input tokens.", 1),
+        },
         "cache": obj(
             "Prompt-cache hints the proxy adds.",
             {

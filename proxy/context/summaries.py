@@ -441,5 +441,11 @@ def build_summarizer(
     elif "authorization" in client_headers:
         headers["authorization"] = client_headers["authorization"]
     return LLMSummarizer(
-        upstreams[which], model=name, prompt=spec.prompt, timeout_s=spec.timeout_s, headers=headers
+        upstreams[which],
+        model=name,
+        prompt=spec.prompt,
+        timeout_s=spec.timeout_s,
+        headers=headers,
+        # A template that shows no system message would never show the instructions.
+        system=config.system_messages != "none",
     )
