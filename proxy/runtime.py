@@ -14,6 +14,7 @@ from proxy.context.rewriter import Rewriter
 from proxy.context.stable_prefix import KEY_BYTES, StablePrefixes
 from proxy.context.summaries import SummaryService
 from proxy.context.tokens import set_count_budget
+from proxy.context.windows import ContextWindows
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
 from proxy.coordination.local import LocalCoordinator
@@ -89,6 +90,8 @@ class Runtime:
     background: Background = field(default_factory=Background)
     metrics: Metrics = field(default_factory=Metrics)
     calibration: Calibration = field(default_factory=Calibration)
+    # Context windows of the models behind each upstream (config, model map, server).
+    windows: ContextWindows = field(default_factory=ContextWindows)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
     # Each session's stored chain as checked and counted last (history: server).
@@ -117,7 +120,8 @@ class Runtime:
         self.prefixes.max_keys = max(1, budget.prefixes // KEY_BYTES)
         set_count_budget(budget.counts)
         self.router = Router(self.config)
-        self.rewriter = Rewriter(self.config.policies, self.calibration.factor)
+        self.windows.upstreams = self.config.upstreams
+        self.rewriter = Rewriter(self.config.policies, self.calibration.factor, self.windows.window)
         self.calibration.register(self.metrics.registry)
         self.locks = self.coordinator.locks
         self.summaries = SummaryService(
@@ -219,7 +223,8 @@ class Runtime:
         )
         self.config = config
         self.router = Router(config)
-        self.rewriter = Rewriter(config.policies, self.calibration.factor)
+        self.windows.upstreams = config.upstreams
+        self.rewriter = Rewriter(config.policies, self.calibration.factor, self.windows.window)
         self.upstreams = upstreams
         self.start_embeddings()
         self.generation += 1

@@ -47,7 +47,11 @@ class ChatReplyAssembler:
         self._parser = SSEParser()
         self._content: list[str] = []
         self._refusal: list[str] = []
-        self._tool_calls: dict[int, dict[str, Any]] = {}
+        # By (index, n): the n-th call streamed under that index. OpenAI gives each
+        # call its own index; Ollama streams every call whole under index 0, each
+        # with its own id, so a new id at a used index is a new call.
+        self._tool_calls: dict[tuple[int, int], dict[str, Any]] = {}
+        self._latest: dict[int, tuple[int, int]] = {}
         self._size = 0
         self._max_bytes = max_bytes
         self.usage: dict[str, Any] | None = None
@@ -117,29 +121,39 @@ class ChatReplyAssembler:
                 self.malformed += 1
 
     def _tool_call(self, call: dict[str, Any]) -> None:
-        index = call.get("index", len(self._tool_calls))
+        index = call.get("index", len(self._latest))
         if not isinstance(index, int) or isinstance(index, bool):
             self.malformed += 1
             return
-        slot = self._tool_calls.setdefault(
-            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        )
-        if isinstance(call.get("id"), str) and call["id"]:
-            slot["id"] = call["id"]
+        key = self._latest.get(index)
+        call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] else None
+        if key is None or (
+            call_id is not None and self._tool_calls[key]["id"] not in (None, call_id)
+        ):
+            key = (index, 0 if key is None else key[1] + 1)
+            self._latest[index] = key
+            self._tool_calls[key] = {
+                "id": None,
+                "type": "function",
+                "function": {"name": "", "arguments": ""},
+            }
+        slot = self._tool_calls[key]
+        if call_id is not None:
+            slot["id"] = call_id
         if isinstance(call.get("type"), str) and call["type"]:
             slot["type"] = call["type"]
         fn = call.get("function") or {}
         if not isinstance(fn, dict):
             self.malformed += 1
             return
-        for key in ("name", "arguments"):
-            value = fn.get(key)
+        for field in ("name", "arguments"):
+            value = fn.get(field)
             if isinstance(value, str) and value:
                 self._size += len(value)
                 if self._size > self._max_bytes:
                     self.truncated = True
                     return
-                slot["function"][key] += value
+                slot["function"][field] += value
 
     @property
     def size(self) -> int:

@@ -173,7 +173,7 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
-        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key", "slots"})),
         system_messages=_system_messages(node),
         context_window=node.integer("context_window", minimum=1),
         context_windows=_context_windows(node),
@@ -215,6 +215,7 @@ def _cache(node: Node) -> CacheConfig:
     return CacheConfig(
         breakpoints="off" if breakpoints == "off" else "auto",
         prompt_cache_key="off" if key == "off" else "session",
+        slots=node.integer("slots", minimum=1),
     )
 
 

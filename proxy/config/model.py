@@ -94,6 +94,9 @@ class CacheConfig:
     breakpoints: Literal["auto", "off"] = "auto"
     # "session": a prompt_cache_key per session for OpenAI-compatible upstreams.
     prompt_cache_key: Literal["session", "off"] = "session"
+    # A llama.cpp server's slots (its --parallel): each session is pinned to one
+    # (``id_slot``), so another session's prompt never evicts its cached prefix.
+    slots: int | None = None
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,9 @@ UPSTREAM = obj(
                 "prompt_cache_key": choice(
                     "session: a prompt_cache_key per session (OpenAI-compatible).", "session", "off"
                 ),
+                "slots": integer(
+                    "A llama.cpp server's slots (--parallel): each session keeps one (id_slot).", 1
+                ),
             },
         ),
     },

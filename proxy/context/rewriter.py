@@ -26,6 +26,11 @@ from proxy.errors import ContextLengthExceeded
 from proxy.store.base import SessionRef
 
 
+def needs_window(spec: PolicySpec) -> bool:
+    """Whether the policy's budget is a share of the model's context window."""
+    return isinstance(spec, TrimSpec) and spec.context_fraction is not None
+
+
 def reserved_for_answer(body: Mapping[str, Any]) -> int:
     """Tokens the request asks to keep for the answer (max_completion_tokens / max_tokens)."""
     for key in ("max_completion_tokens", "max_tokens"):
@@ -37,6 +42,10 @@ def reserved_for_answer(body: Mapping[str, Any]) -> int:
 
 def _uncalibrated(model: str, upstream: str | None = None) -> float:
     return 1.0
+
+
+def _mapped_window(model: str, upstream: str | None = None) -> int | None:
+    return context_window(model)
 
 
 def conversation_tokens(
@@ -66,16 +75,16 @@ class Rewriter:
         self,
         policies: Mapping[str, PolicySpec],
         calibration: Callable[[str, str | None], float] = _uncalibrated,
+        windows: Callable[[str, str | None], int | None] = _mapped_window,
     ) -> None:
         self._policies = policies
+        # A model's context window behind an upstream (proxy.context.windows).
+        self._windows = windows
         # Upstream tokens per local token for a model through an upstream (proxy.calibration).
         self._calibration = calibration
 
     def needs_model_info(self) -> bool:
-        return any(
-            isinstance(p, TrimSpec) and p.context_fraction is not None
-            for p in self._policies.values()
-        )
+        return any(needs_window(p) for p in self._policies.values())
 
     def decide(
         self,
@@ -174,7 +183,7 @@ class Rewriter:
         counter = counter_for(model)
         limit: int | None = None
         if isinstance(spec, TrimSpec):
-            window = context_window(model) if spec.context_fraction is not None else None
+            window = self._windows(model, upstream) if spec.context_fraction is not None else None
             limit = budget_limit(spec, window, reserved_for_answer(body))
         elif isinstance(spec, SummarizeSpec):
             limit = limit_of(spec)

@@ -45,6 +45,7 @@ from policies.types import Decision, NoneSpec
 from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.pipeline import ChatExchange
 from proxy.chat.recall_step import spec_recall
+from proxy.context.rewriter import needs_window
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError, upstream_failure
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
@@ -145,13 +146,20 @@ class ResponsesExchange(ChatExchange):
         # An unknown previous response: the upstream holds the context, the
         # input alone is not it, so there is nothing here to trim.
         spec = NoneSpec() if self.previous_unknown else rt.config.policies[self.route.policy]
-        started = time.perf_counter()
         upstream = self.route.upstream
+        if needs_window(spec):
+            await rt.windows.learn(upstream, model)  # once per model: a local server's n_ctx
 
         def calibration(name: str) -> float:
             return rt.calibration.factor(name, upstream)
 
-        self.decision = decide(spec, self.conversation, self.item_hashes, body, model, calibration)
+        def window(name: str) -> int | None:
+            return rt.windows.window(name, upstream)
+
+        started = time.perf_counter()
+        self.decision = decide(
+            spec, self.conversation, self.item_hashes, body, model, calibration, window
+        )
         self.policy_s = time.perf_counter() - started
         self.stable_prefix = measure_stable_prefix(
             rt.prefixes, self.ref, self.decision, self.conversation, self.item_hashes, remember=lock

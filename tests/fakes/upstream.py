@@ -84,13 +84,37 @@ class FakeUpstream:
     # The model a local server names in its answers whatever name it was sent
     # (llama-cpp-python: its model path); None answers with the name sent.
     served_model: str | None = None
+    # What a local server says of its context window, asked at its root:
+    # llama.cpp's GET /props n_ctx, vLLM's max_model_len in /v1/models, Ollama's
+    # num_ctx from POST /api/show (None: that endpoint is a 404, as on other servers).
+    n_ctx: int | None = None
+    # Ollama streams each tool call whole, in one chunk, every one under index 0.
+    tool_calls_at_index_zero: bool = False
+    max_model_len: int | None = None
+    num_ctx: int | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
+        app.router.add_get("/props", self.props)
+        app.router.add_post("/api/show", self.show)
         return app
+
+    async def props(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        if self.n_ctx is None:
+            raise web.HTTPNotFound()
+        body = {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": 1}
+        return web.json_response(body)
+
+    async def show(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        if self.num_ctx is None:
+            raise web.HTTPNotFound()
+        parameters = f'stop "<end_of_turn>"\nnum_ctx {self.num_ctx}\ntemperature 1'
+        return web.json_response({"parameters": parameters, "model_info": {}})
 
     async def _record(self, request: web.Request) -> Received:
         raw = await request.read()
@@ -110,6 +134,17 @@ class FakeUpstream:
                 "data": [
                     {"id": "gpt-4o", "object": "model", "created": 1, "owned_by": "fake"},
                     {"id": "gpt-4o-mini", "object": "model", "created": 1, "owned_by": "fake"},
+                    *(
+                        [
+                            {
+                                "id": self.served_model or "local",
+                                "object": "model",
+                                "max_model_len": self.max_model_len,
+                            }
+                        ]
+                        if self.max_model_len is not None
+                        else []
+                    ),
                 ],
             }
         )
@@ -255,6 +290,9 @@ class FakeUpstream:
             events.append(chunk({"content": text[i : i + 4]}))
         for n, call in enumerate(reply.tool_calls or []):
             args = call["function"]["arguments"]
+            if self.tool_calls_at_index_zero:
+                events.append(chunk({"tool_calls": [{"index": 0, **call}]}))
+                continue
             events.append(
                 chunk(
                     {
