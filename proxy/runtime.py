@@ -14,6 +14,7 @@ from proxy.context.rewriter import Rewriter
 from proxy.context.stable_prefix import KEY_BYTES, StablePrefixes
 from proxy.context.summaries import SummaryService
 from proxy.context.tokens import set_count_budget
+from proxy.context.server_tokens import ServerTokens
 from proxy.context.windows import ContextWindows
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
@@ -92,6 +93,8 @@ class Runtime:
     calibration: Calibration = field(default_factory=Calibration)
     # Context windows of the models behind each upstream (config, model map, server).
     windows: ContextWindows = field(default_factory=ContextWindows)
+    # A local server's own token counts, for streams that report no usage.
+    server_tokens: ServerTokens = field(default_factory=ServerTokens)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
     # Each session's stored chain as checked and counted last (history: server).

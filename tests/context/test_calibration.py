@@ -15,6 +15,7 @@ from policies.types import TrimSpec
 from proxy.context.calibration import Calibration
 from proxy.context.rewriter import Rewriter
 from proxy.context.tokens import counter_for
+from tests.fakes.upstream import Reply
 from tests.telemetry.test_metrics import parse, value
 
 
@@ -220,3 +221,28 @@ def test_a_new_model_name_is_calibrated_from_the_upstreams_first_answer(fake, st
     assert int(raw.headers["x-context-messages-dropped"]) > 0
     completion = raw.parse()
     assert completion.usage is not None and completion.usage.prompt_tokens <= limit
+
+
+@pytest.mark.parametrize("server_counts", [True, False])
+def test_a_stream_without_usage_is_counted_by_the_server_for_calibration(
+    fake, start_proxy, server_counts
+):
+    """llama-cpp-python streams no usage: the answer is counted by its tokenizer."""
+    upstream, _ = fake
+    upstream.prompt_token_factor = 1.25
+    upstream.tokenize = server_counts
+    upstream.replies += [Reply(content="The answer, at some length: " + "token " * 60)] * 2
+    proxy, client = fit_proxy(start_proxy, 600)
+    for _ in range(2):
+        stream = client.chat.completions.create(model="local", messages=chat_of(200), stream=True)
+        list(stream)
+        proxy.drain()
+    snapshot = proxy.runtime.calibration.snapshot()
+    asked = [r.path for r in upstream.received].count("/extras/tokenize/count")
+    if server_counts:
+        [entry] = snapshot
+        assert entry["samples"] == 2 and entry["factor"] == pytest.approx(1.25, abs=0.02)
+        assert asked == 2
+    else:
+        assert snapshot == []
+        assert asked == 1  # a server without the endpoint is not asked again

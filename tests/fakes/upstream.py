@@ -88,6 +88,9 @@ class FakeUpstream:
     # llama.cpp's GET /props n_ctx, vLLM's max_model_len in /v1/models, Ollama's
     # num_ctx from POST /api/show (None: that endpoint is a 404, as on other servers).
     n_ctx: int | None = None
+    # llama-cpp-python's POST /extras/tokenize/count: its count of a text, the
+    # tokenizer prompt_token_factor says (False: a 404, as on servers without it).
+    tokenize: bool = False
     # Ollama streams each tool call whole, in one chunk, every one under index 0.
     tool_calls_at_index_zero: bool = False
     max_model_len: int | None = None
@@ -100,7 +103,19 @@ class FakeUpstream:
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/props", self.props)
         app.router.add_post("/api/show", self.show)
+        app.router.add_post("/extras/tokenize/count", self.tokenize_count)
         return app
+
+    async def tokenize_count(self, request: web.Request) -> web.Response:
+        rec = await self._record(request)
+        if not self.tokenize:
+            raise web.HTTPNotFound()
+        from proxy.context.tokens import counter_for
+
+        text = str((rec.json or {}).get("input") or "")
+        counter = counter_for("gpt-4o")
+        local = counter.count_message({"content": text}) - counter.count_message({"content": ""})
+        return web.json_response({"count": round(self.prompt_token_factor * local)})
 
     async def props(self, request: web.Request) -> web.Response:
         await self._record(request)
