@@ -11,10 +11,10 @@ from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.recall import RecallService
 from proxy.context.rewriter import Rewriter
+from proxy.context.server_tokens import ServerTokens
 from proxy.context.stable_prefix import KEY_BYTES, StablePrefixes
 from proxy.context.summaries import SummaryService
 from proxy.context.tokens import set_count_budget
-from proxy.context.server_tokens import ServerTokens
 from proxy.context.windows import ContextWindows
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
@@ -95,6 +95,8 @@ class Runtime:
     windows: ContextWindows = field(default_factory=ContextWindows)
     # A local server's own token counts, for streams that report no usage.
     server_tokens: ServerTokens = field(default_factory=ServerTokens)
+    # Upstreams whose model list was asked for (once each; see Calibration.serves).
+    models_asked: set[str] = field(default_factory=set)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
     # Each session's stored chain as checked and counted last (history: server).

@@ -12,9 +12,11 @@ counts instead would feed the correction back into its own input).
 A factor belongs to the model that answered, not to the name a client sent:
 it is kept per upstream and the model its answers name (``model`` in the
 completion), and a client's name is an alias learned from the first answer.
-A name never seen before, sent to an upstream that has only ever answered as
-one model (a llama.cpp or Ollama server serving one model, whatever name it is
-given), gets that model's factor from its first request.
+A server that lists exactly one model (``GET /v1/models``: llama.cpp and
+llama-cpp-python serve one, whatever name they are sent, and echo the name
+back) has every name calibrated as that model (:meth:`Calibration.serves`);
+elsewhere a name never seen before, sent to an upstream that has only ever
+answered as one model, gets that model's factor from its first request.
 
 The factor is a token-weighted, exponentially decaying ratio of sums: big
 prompts, where budgets bind, weigh more than a one-word greeting whose count is
@@ -91,6 +93,8 @@ class Calibration:
         self._aliases: dict[tuple[str, str], str] = {}
         # Per upstream, the keys of the models it answered as.
         self._answered: dict[str, set[str]] = {}
+        # Upstreams that list one model only: its key (whatever name a client sends).
+        self._single: dict[str, str] = {}
         # Applied factors by model, kept apart so the hot path is one dict lookup.
         self._factors: dict[str, float] = {}
         # Shared by several instances (proxy/coordination/calibration_share.py):
@@ -101,6 +105,9 @@ class Calibration:
         """The key a request for ``model`` through ``upstream`` is calibrated under."""
         if upstream is None:
             return model
+        single = self._single.get(upstream)
+        if single is not None:
+            return single
         known = self._aliases.get((upstream, model))
         if known is not None:
             return known
@@ -114,13 +121,23 @@ class Calibration:
         """Remember which model answered ``model`` through ``upstream``; its key."""
         if upstream is None:
             return model
-        key = calibration_key(upstream, answered_as or model)
+        key = self._single.get(upstream) or calibration_key(upstream, answered_as or model)
         if (upstream, model) not in self._aliases and len(self._aliases) < self.max_models * 4:
             self._aliases[(upstream, model)] = key
         answered = self._answered.setdefault(upstream, set())
         if len(answered) < self.max_models:
             answered.add(key)
         return key
+
+    def ambiguous(self, upstream: str) -> bool:
+        """Whether the upstream answered as several models (one server may echo names)."""
+        return upstream not in self._single and len(self._answered.get(upstream, ())) > 1
+
+    def serves(self, upstream: str, models: list[str]) -> None:
+        """What the upstream lists at ``/v1/models``: one model there is every name's."""
+        if len(models) == 1 and upstream not in self._single:
+            self._single[upstream] = calibration_key(upstream, models[0])
+            self._answered.setdefault(upstream, set()).add(self._single[upstream])
 
     def observe(self, model: str, local: int, reported: int) -> None:
         """One answer: ``local`` tokens forwarded (as counted here), ``reported`` billed.

@@ -156,3 +156,27 @@ class ContextWindows:
                 if said is not None:
                     return said
         return None
+
+
+async def listed_models(config: UpstreamConfig) -> list[str] | None:
+    """The ids an OpenAI-compatible server lists at ``/models`` (None: it did not say)."""
+    if config.base_url is None:
+        return None
+    headers = dict(config.headers)
+    if config.api_key:
+        headers["authorization"] = f"Bearer {config.api_key}"
+    timeout = aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout, headers=headers) as http,
+            http.get(f"{config.base_url}/models") as response,
+        ):
+            if response.status != 200:
+                return None
+            data = orjson.loads(await response.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return None
+    return [str(m["id"]) for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)]

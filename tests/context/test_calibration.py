@@ -246,3 +246,19 @@ def test_a_stream_without_usage_is_counted_by_the_server_for_calibration(
     else:
         assert snapshot == []
         assert asked == 1  # a server without the endpoint is not asked again
+
+
+def test_a_server_listing_one_model_calibrates_every_name_it_is_sent_as_that_one():
+    """llama-cpp-python echoes whatever name it is sent, and lists its one model."""
+    cal = Calibration()
+    for name in ("a", "b"):
+        cal.observe_usage(name, 1000, {"prompt_tokens": 1200}, upstream="local", answered_as=name)
+    assert cal.ambiguous("local")
+    assert cal.factor("c", "local") == 1.0  # two "models" answered: which one is c?
+    cal.serves("local", ["/models/gemma.gguf"])
+    assert not cal.ambiguous("local")
+    cal.observe_usage("c", 1000, {"prompt_tokens": 1200}, upstream="local", answered_as="c")
+    assert cal.factor("d", "local") == pytest.approx(1.2)
+    # A server listing several models tells nothing about a name.
+    cal.serves("hosted", ["m1", "m2"])
+    assert cal.factor("m3", "hosted") == 1.0
