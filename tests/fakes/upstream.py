@@ -23,7 +23,9 @@ from tests.fakes.prefix_cache import Block, OpenAIPrefixCache
 LIST_CONTENT_ERROR = orjson.dumps(
     {
         "error": {
-            "message": 'can only concatenate str (not "list") to str',
+            "message": "10 validation errors:\n  {'type': 'string_type', 'loc': ('body', "
+            "'messages', 1, 'ChatCompletionRequestAssistantMessage', 'content'), "
+            "'msg': 'Input should be a valid string'}",
             "type": "internal_server_error",
             "param": None,
             "code": None,
@@ -78,8 +80,8 @@ class FakeUpstream:
     # A simulated OpenAI prompt cache: usage then reports
     # prompt_tokens_details.cached_tokens (None: usage without details, as before).
     prefix_cache: OpenAIPrefixCache | None = None
-    # llama-cpp-python's chat formats concatenate ``content`` as a string: a list of
-    # parts fails there with this 500 (its error handler's shape and message).
+    # llama-cpp-python's request model takes ``content`` only as a string (but a
+    # user's): a list of parts fails its validation, answered as this 500.
     string_content_only: bool = False
     # The model a local server names in its answers whatever name it was sent
     # (llama-cpp-python: its model path); None answers with the name sent.
@@ -211,7 +213,7 @@ class FakeUpstream:
         rec = await self._record(request)
         data = rec.json if isinstance(rec.json, dict) else {}
         if self.string_content_only and any(
-            isinstance(m, dict) and isinstance(m.get("content"), list)
+            isinstance(m, dict) and isinstance(m.get("content"), list) and m.get("role") != "user"
             for m in data.get("messages") or []
         ):
             return web.Response(
