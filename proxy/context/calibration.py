@@ -135,9 +135,25 @@ class Calibration:
 
     def serves(self, upstream: str, models: list[str]) -> None:
         """What the upstream lists at ``/v1/models``: one model there is every name's."""
-        if len(models) == 1 and upstream not in self._single:
-            self._single[upstream] = calibration_key(upstream, models[0])
-            self._answered.setdefault(upstream, set()).add(self._single[upstream])
+        if len(models) != 1 or upstream in self._single:
+            return
+        single = self._single[upstream] = calibration_key(upstream, models[0])
+        # What was kept under the names it echoed is that one model's: merged.
+        merged = self.models.get(single) or ModelCalibration()
+        for key in self._answered.get(upstream, set()) - {single}:
+            entry = self.models.pop(key, None)
+            self._factors.pop(key, None)
+            if entry is not None:
+                merged.reported += entry.reported
+                merged.local += entry.local
+                merged.samples += entry.samples
+                merged.last_reported, merged.last_local = entry.last_reported, entry.last_local
+        self._answered[upstream] = {single}
+        self._aliases = {k: single if k[0] == upstream else v for k, v in self._aliases.items()}
+        if merged.samples:
+            self.models[single] = merged
+            if merged.samples >= self.min_samples and not self.shared:
+                self._factors[single] = min(self.high, max(self.low, merged.ratio()))
 
     def observe(self, model: str, local: int, reported: int) -> None:
         """One answer: ``local`` tokens forwarded (as counted here), ``reported`` billed.

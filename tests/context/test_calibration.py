@@ -254,9 +254,17 @@ def test_a_server_listing_one_model_calibrates_every_name_it_is_sent_as_that_one
     for name in ("a", "b"):
         cal.observe_usage(name, 1000, {"prompt_tokens": 1200}, upstream="local", answered_as=name)
     assert cal.ambiguous("local")
-    assert cal.factor("c", "local") == 1.0  # two "models" answered: which one is c?
+    assert cal.factor("c", "local") == 1.0  # two "models" answered: which is c?
     cal.serves("local", ["/models/gemma.gguf"])
     assert not cal.ambiguous("local")
+    # The samples kept under the echoed names are that model's.
+    assert cal.factor("c", "local") == pytest.approx(1.2)
+    [entry] = cal.snapshot()
+    assert (entry["model"], entry["samples"], entry["client_models"]) == (
+        "/models/gemma.gguf",
+        2,
+        ["a", "b"],
+    )
     cal.observe_usage("c", 1000, {"prompt_tokens": 1200}, upstream="local", answered_as="c")
     assert cal.factor("d", "local") == pytest.approx(1.2)
     # A server listing several models tells nothing about a name.

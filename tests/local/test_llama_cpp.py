@@ -133,6 +133,12 @@ def test_a_history_past_n_ctx_is_answered_through_a_trim_and_calibration_holds_t
     assert int(raw.headers["x-context-turns-dropped"]) > 0
     assert answer.usage is not None and answer.usage.prompt_tokens <= budget
     assert int(raw.headers["x-context-tokens-before"]) > budget
+    # It echoed both names back; it lists one model: every name is calibrated as that one.
+    proxy.drain()
+    proxy.loop.run(proxy.runtime.background.drain())
+    calibration = proxy.runtime.calibration
+    assert not calibration.ambiguous("llama")
+    assert calibration.factor("a-third-name", "llama") != 1.0
 
 
 def test_the_real_model_summary_is_stored_only_when_it_is_one(llama_server, start_proxy, tmp_path):
