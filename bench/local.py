@@ -16,7 +16,7 @@ turn, and the budget overshoot (``usage.prompt_tokens`` over the policy's
 ``max_tokens``) on the first request (calibration not seeded yet) and the worst
 after it.
 
-    python bench/local.py [--turns 40] [--markdown]
+    python bench/local.py [--turns 50] [--budget 600] [--markdown]
 """
 
 from __future__ import annotations
@@ -48,17 +48,20 @@ from proxy.ops.replay import load_file  # noqa: E402
 from tests.harness import LoopThread, ProxyServer  # noqa: E402
 from tests.llama_server import N_CTX, ServerUnavailable, start_llama_server  # noqa: E402
 
-BUDGET = 1500
-POLICIES: dict[str, dict[str, Any]] = {
-    "passthrough": {"strategy": "none"},
-    "trim max_turns=8": {"strategy": "trim", "max_turns": 8},
-    f"trim max_tokens={BUDGET}": {"strategy": "trim", "max_tokens": BUDGET},
-    f"trim max_tokens={BUDGET} low_water=0.6": {
-        "strategy": "trim",
-        "max_tokens": BUDGET,
-        "low_water": 0.6,
-    },
-}
+
+def policies(budget: int) -> dict[str, dict[str, Any]]:
+    return {
+        "passthrough": {"strategy": "none"},
+        "trim max_turns=8": {"strategy": "trim", "max_turns": 8},
+        f"trim max_tokens={budget}": {"strategy": "trim", "max_tokens": budget},
+        f"trim max_tokens={budget} low_water=0.6": {
+            "strategy": "trim",
+            "max_tokens": budget,
+            "low_water": 0.6,
+        },
+    }
+
+
 _HIT = re.compile(rb"(\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
 
 
@@ -183,7 +186,8 @@ def table(tallies: dict[str, Tally], markdown: bool) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--turns", type=int, default=50)
+    parser.add_argument("--budget", type=int, default=600, help="the trim policies' max_tokens")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     if not (DATA / "locomo-dev.json").exists():
@@ -206,9 +210,10 @@ def main() -> int:
     )
     tallies: dict[str, Tally] = {}
     try:
-        for name, spec in POLICIES.items():
+        for name, spec in policies(args.budget).items():
             tallies[name] = run_policy(name, spec, server, loop, tmp, args.turns)
-            print(f"  {name}: done", flush=True)
+            # Each policy's row as it is done: a long run interrupted keeps what it measured.
+            print(table({name: tallies[name]}, args.markdown).splitlines()[-1], flush=True)
     finally:
         loop.stop()
         server.process.terminate()
