@@ -31,7 +31,7 @@ def config(server: LlamaServer, tmp_path: Path, policy: dict[str, Any]) -> Any:
             "upstreams": {
                 "llama": {
                     "base_url": server.base_url,
-                    "timeout_s": 300,
+                    "timeout_s": 900,
                     # llama-cpp-python's gemma format drops every system message.
                     "system_messages": "none",
                     "context_window": N_CTX,
@@ -52,7 +52,8 @@ def client(proxy: Any, session: str) -> openai.OpenAI:
         base_url=f"{proxy.url}/v1",
         api_key="sk-local",
         max_retries=0,
-        timeout=300,
+        # A loaded 2-core machine evaluates a few hundred tokens a minute at worst.
+        timeout=900,
         default_headers={"x-session-id": session},
     )
 
@@ -147,7 +148,7 @@ def test_the_real_model_summary_is_stored_only_when_it_is_one(llama_server, star
         "trigger": {"turns": 4},
         "keep_last_turns": 2,
         "prefetch": False,
-        "summarizer": {"max_tokens": 96, "timeout_s": 240},
+        "summarizer": {"max_tokens": 64, "timeout_s": 600},
     }
     proxy = start_proxy(config=config(llama_server, tmp_path, policy))
     messages = [*history(5), {"role": "user", "content": "Summarize where we are."}]
