@@ -23,6 +23,7 @@ from proxy.chat.policy_step import choose_mode, mode_rule, summarize
 from proxy.chat.recall_step import recall_step, spec_recall
 from proxy.chat.relay import ExchangeRelay
 from proxy.context.message_cache import item_counter, message_in
+from proxy.context.rewriter import needs_window
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
@@ -194,6 +195,8 @@ class ChatExchange(ExchangeRelay):
         self.policy, self.mode = choice.policy, choice.mode
         self.mode_rule = mode_rule(self.route, choice)
         spec = rt.rewriter.spec(self.policy)
+        if needs_window(spec):
+            await rt.windows.learn(self.route.upstream, model)  # once: a local server's n_ctx
         started = time.perf_counter()
         if isinstance(spec, SummarizeSpec):
             self.decision, self.summary, self.summary_ctx = await summarize(
@@ -219,6 +222,7 @@ class ChatExchange(ExchangeRelay):
                 counts=counts,
                 memo=rt.summaries.memo,
                 ref=self.ref,
+                upstream=self.route.upstream,
             )
         # A door's own context features over the policy's decision (Anthropic's edits).
         self.decision = self._door_decision(self.decision)
@@ -255,7 +259,9 @@ class ChatExchange(ExchangeRelay):
         rt = self.rt
         assert self.route is not None and self.decision is not None  # plan() ran
         upstream_config = rt.config.upstreams[self.route.upstream]
-        self.cache = cache_hints(upstream_config, self.ref, body, self.decision.messages)
+        self.cache = cache_hints(
+            upstream_config, self.ref, body, self.decision.messages, slots=True
+        )
         forwarded = self._forward_body(body)
         upstream = rt.upstreams[self.route.upstream]
         sent = time.perf_counter()
@@ -279,13 +285,17 @@ class ChatExchange(ExchangeRelay):
     def _forward_body(self, body: dict[str, Any]) -> bytes:
         assert self.decision is not None
         key = self.cache.prompt_cache_key if self.cache is not None else None
+        slot = self.cache.id_slot if self.cache is not None else None
         if not self.decision.changed and self.conversation is body["messages"]:
             # The client's bytes are sacred: nothing changed, so forward them as they
-            # came (with the session's prompt_cache_key, the one documented addition).
-            return self.raw if key is None else splice_field(self.raw, "prompt_cache_key", key)
+            # came (with the session's cache hints, the documented additions).
+            raw = self.raw if key is None else splice_field(self.raw, "prompt_cache_key", key)
+            return raw if slot is None else splice_field(raw, "id_slot", slot)
         out = {**body, "messages": self.decision.messages}
         if key is not None:
             out["prompt_cache_key"] = key
+        if slot is not None:
+            out["id_slot"] = slot
         return orjson.dumps(out)
 
 

@@ -112,6 +112,9 @@ class CacheConfig:
     breakpoints: Literal["auto", "off"] = "auto"
     # "session": a prompt_cache_key per session for OpenAI-compatible upstreams.
     prompt_cache_key: Literal["session", "off"] = "session"
+    # A llama.cpp server's slots (its --parallel): each session is pinned to one
+    # (``id_slot``), so another session's prompt never evicts its cached prefix.
+    slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,17 @@ class UpstreamConfig:
     def anthropic(self) -> bool:
         """Whether /v1/messages goes to this upstream as it came (no translation)."""
         return self.api == "anthropic" and self.base_url is not None
+
+    # How the model's chat template treats system messages: "all" reach it
+    # (OpenAI, Anthropic, most templates); "first": only a leading one does
+    # (llama-cpp-python's default formats); "none": all are dropped (its gemma
+    # format). Below "all", summaries go as a user/assistant pair and the
+    # summarizer's instructions in its user message (docs/local-models.md).
+    system_messages: Literal["all", "first", "none"] = "all"
+    # Input tokens the models it serves accept: one figure for all, or per model
+    # name (None: the model map's, else what the server itself says, when it says).
+    context_window: int | None = None
+    context_windows: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -238,6 +238,19 @@ UPSTREAM = obj(
             "openai",
             "anthropic",
         ),
+        "system_messages": choice(
+            "Which system messages its chat template shows the model: all, the first, or none "
+            "(below all, summaries go as a user/assistant pair).",
+            "all",
+            "first",
+            "none",
+        ),
+        "context_window": integer("Input tokens every model it serves accepts.", 1),
+        "context_windows": {
+            "type": "object",
+            "description": "Input tokens per model name it serves.",
+            "additionalProperties": integer("Input tokens.", 1),
+        },
         "cache": obj(
             "Prompt-cache hints the proxy adds.",
             {
@@ -248,6 +261,9 @@ UPSTREAM = obj(
                 ),
                 "prompt_cache_key": choice(
                     "session: a prompt_cache_key per session (OpenAI-compatible).", "session", "off"
+                ),
+                "slots": integer(
+                    "A llama.cpp server's slots (--parallel): each session keeps one (id_slot).", 1
                 ),
             },
         ),

@@ -489,5 +489,11 @@ def build_summarizer(
         headers["anthropic-version"] = client_headers["anthropic-version"]
     kind = AnthropicSummarizer if config.anthropic else LLMSummarizer
     return kind(
-        upstreams[which], model=name, prompt=spec.prompt, timeout_s=spec.timeout_s, headers=headers
+        upstreams[which],
+        model=name,
+        prompt=spec.prompt,
+        timeout_s=spec.timeout_s,
+        headers=headers,
+        # A template that shows no system message would never show the instructions.
+        system=config.system_messages != "none",
     )

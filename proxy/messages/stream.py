@@ -34,6 +34,8 @@ class MessageAssembler:
         self.done = False
         self.truncated = False
         self.error: dict[str, Any] | None = None
+        # The model that answered (message_start's), which calibration is kept under.
+        self.model: str | None = None
 
     def feed(self, chunk: bytes) -> None:
         for data in self._parser.feed(chunk):
@@ -52,6 +54,8 @@ class MessageAssembler:
         kind = event.get("type")
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self._message = dict(event["message"])
+            if isinstance(self._message.get("model"), str):
+                self.model = self._message["model"]
             self._usage.update(_dict(self._message.get("usage")))
         elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
             index = event.get("index")

@@ -326,7 +326,11 @@ async def session_detail(
         "cache": cache_summary(rows),
         "calibration": []
         if calibration is None
-        else [c for c in calibration.snapshot() if c["model"] in models],
+        else [
+            c
+            for c in calibration.snapshot()
+            if c["model"] in models or not models.isdisjoint(c["client_models"])
+        ],
     }
 
 
