@@ -191,7 +191,7 @@ class ExchangeRecord(ExchangeState):
 
 
 def compaction_log_fields(detail: dict[str, Any]) -> dict[str, Any]:
-    """The log line's word on a compaction (Responses: docs/compaction.md), when there was one."""
+    """The log line's word on a compaction (docs/guides/compaction.md), when there was one."""
     compaction = detail.get("compaction")
     if not isinstance(compaction, dict):
         return {}

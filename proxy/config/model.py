@@ -52,7 +52,7 @@ class ServerConfig:
 class AgentSessions:
     """Session ids that known clients send of their own accord, read without configuration
     when neither the configured header nor a fallback names the session
-    (proxy/http/session_lookup.py, docs/agents-sessions.md). Each can be switched off."""
+    (proxy/http/session_lookup.py, docs/guides/agents-sessions.md). Each can be switched off."""
 
     # Codex CLI: the ``session-id`` header (``session_id`` before 0.1xx), then ``thread-id``.
     codex: bool = True
@@ -147,7 +147,7 @@ class UpstreamConfig:
     # (OpenAI, Anthropic, most templates); "first": only a leading one does
     # (llama-cpp-python's default formats); "none": all are dropped (its gemma
     # format). Below "all", summaries go as a user/assistant pair and the
-    # summarizer's instructions in its user message (docs/local-models.md).
+    # summarizer's instructions in its user message (docs/guides/local-models.md).
     system_messages: Literal["all", "first", "none"] = "all"
     # Input tokens the models it serves accept: one figure for all, or per model
     # name (None: the model map's, else what the server itself says, when it says).
@@ -177,7 +177,7 @@ class RouteConfig:
     modes: ModesConfig | None = None
     # Who answers compaction (a compaction_trigger, /v1/responses/compact,
     # context_management): "auto" passes it to OpenAI's own API and answers it in
-    # the proxy for every other upstream (docs/compaction.md).
+    # the proxy for every other upstream (docs/guides/compaction.md).
     compaction: Literal["auto", "proxy", "upstream", "off"] = "auto"
     # Who writes the proxy's compaction summaries (default: the request's model
     # on the route's upstream; the offline extractive summary when it fails).

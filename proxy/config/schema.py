@@ -115,7 +115,7 @@ SESSION = obj(
         },
         "agents": {
             "description": "Session ids known clients send themselves, read when the header and "
-            "the fallbacks name none (docs/agents-sessions.md); false: none of them.",
+            "the fallbacks name none (docs/guides/agents-sessions.md); false: none of them.",
             "anyOf": [
                 {"type": "boolean"},
                 obj(
