@@ -224,11 +224,12 @@ class ChatReplyAssembler:
         return msg
 
 
-def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
+def unfinished(assembler: ReplyAssembler, marker: str = "data: [DONE]") -> UpstreamError | None:
     """Why a stream that has ended is not a whole answer, or None if it is one.
 
     The client must be told in-stream: the openai SDK does not raise on a
-    missing ``[DONE]``, so a stream that simply stops reads as a whole answer.
+    missing ``[DONE]`` (nor does a client of any door on a stream that simply
+    stops), so such a stream reads as a whole answer. ``marker``: the door's end.
     """
     if assembler.errored:
         return UpstreamError(
@@ -241,7 +242,7 @@ def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
         )
     if not assembler.done:
         return UpstreamError(
-            "The upstream's stream ended without its end marker (data: [DONE]):"
+            f"The upstream's stream ended without its end marker ({marker}):"
             " the answer may be cut short.",
             code="upstream_stream_incomplete",
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.stream import SSEParser
+from proxy.chat.stream import SSEParser, unfinished
 from proxy.errors import UpstreamError
 from proxy.messages.view import chat_usage, reply_view
 
@@ -115,24 +115,8 @@ class MessageAssembler:
         return self.error is not None
 
     def unfinished(self) -> UpstreamError | None:
-        """Why the ended stream is not a whole answer: the client is told in-stream, as on
-        the OpenAI door (an SDK reading a stream that simply stops takes it as whole)."""
-        if self.error is not None:
-            return UpstreamError(
-                "The upstream ended its stream with an error event.", code="upstream_stream_error"
-            )
-        if self.malformed:
-            return UpstreamError(
-                f"The upstream's stream had {self.malformed} malformed event(s).",
-                code="upstream_malformed_stream",
-            )
-        if not self.done:
-            return UpstreamError(
-                "The upstream's stream ended without its end event (message_stop):"
-                " the answer may be cut short.",
-                code="upstream_stream_incomplete",
-            )
-        return None
+        """Why the ended stream is not a whole answer (told in-stream, as on every door)."""
+        return unfinished(self, "message_stop")
 
     def before_end(self, chunk: bytes) -> bytes:
         """The part of ``chunk`` before its ``message_stop`` event (all of it, if that
