@@ -29,7 +29,7 @@ BODY = {
     "messages": [{"role": "user", "content": "Tell me a long story."}],
 }
 CUT_SHORT = (
-    "The upstream's stream ended without its end event (message_stop): the answer may be cut short."
+    "The upstream's stream ended without its end marker (message_stop): the answer may be cut short."
 )
 
 
