@@ -28,9 +28,7 @@ BODY = {
     "stream": True,
     "messages": [{"role": "user", "content": "Tell me a long story."}],
 }
-CUT_SHORT = (
-    "The upstream's stream ended without its end marker (message_stop): the answer may be cut short."
-)
+CUT_SHORT = "The upstream's stream ended without its end marker (message_stop): the answer may be cut short."
 
 
 def sse(raw: bytes) -> list[tuple[str, dict[str, object]]]:
