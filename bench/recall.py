@@ -18,8 +18,13 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick]
-        [--only retention,modes,latency,pg-latency,redis-latency,storage,embeddings]
+``folds``: the recall grid (share, neighbors, fusion weight, expand) and the
+modes' shares tuned leave-one-conversation-out (bench/recall_folds.py): each
+setting chosen on three conversations, measured on the fourth, beside the
+in-sample figure. ``--data``: a LoCoMo or LongMemEval file (bench/recall_data.py).
+
+    python bench/recall.py [--quick] [--data PATH [--split dev|test] [--limit N]]
+        [--only retention,folds,modes,latency,pg-latency,redis-latency,storage,embeddings]
 
 ``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
 default the test server ``postgresql://postgres@127.0.0.1:5432/test``, in a
@@ -35,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -49,7 +53,9 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import recall_embeddings
+from bench import recall_embeddings, recall_folds
+from bench.recall_data import CATEGORIES, Question, load
+from bench.recall_folds import Outcome
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -63,10 +69,9 @@ from policies.types import (
     SummarizeSpec,
     TrimSpec,
 )
-from proxy.context.recall import RecallService
+from proxy.context.recall import RecallOutcome, RecallService
 from proxy.context.tokens import counter_for
 from proxy.http.sessions import content_hash
-from proxy.ops.replay import locomo_dialogue
 from proxy.store import sqlite_jobs
 from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
 from proxy.store.postgres import PostgresStore
@@ -84,7 +89,6 @@ SHARES = (0.5, 0.7, 0.8, 0.9)
 # The same with ``expand: true`` (a second search with the best hits' words).
 EXPAND = (0.8, 0.9)
 NEIGHBORS = 2
-CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 MODEL = "gpt-4o"
 # (exact count of a recall block, the count recall reported): the sum of its
 # units' counts is meant to be the exact count or a little over.
@@ -92,18 +96,12 @@ BLOCK_COUNTS: list[tuple[int, int]] = []
 
 
 @dataclass
-class Question:
-    conversation: int
-    text: str
-    category: int
-    evidence: list[int]
-
-
-@dataclass
 class Tally:
     asked: int = 0
     kept: int = 0
     tokens: list[float] = field(default_factory=list)
+    # Each question's outcome, for the leave-one-conversation-out folds (bench/recall_folds.py).
+    outcomes: list[Outcome] = field(default_factory=list)
 
     def share(self) -> str:
         return f"{100 * self.kept / self.asked:5.1f}%" if self.asked else "    -"
@@ -122,20 +120,6 @@ def message_in(message: dict[str, Any]) -> MessageIn:
     )
 
 
-def load() -> tuple[list[list[dict[str, Any]]], list[Question]]:
-    conversations: list[list[dict[str, Any]]] = []
-    questions: list[Question] = []
-    for k, entry in enumerate(json.loads(DATA.read_text())):
-        messages, turns = locomo_dialogue(entry)
-        conversations.append(messages)
-        for q in entry["qa"]:
-            category = q.get("category")
-            evidence = [turns[e] for e in q.get("evidence", []) if e in turns]
-            if category in CATEGORIES and evidence and "answer" in q:
-                questions.append(Question(k, str(q["question"]), int(category), evidence))
-    return conversations, questions
-
-
 def counting(stored: list[MessageIn]) -> tuple[list[int], Callable[[Message], int]]:
     counter = counter_for(MODEL)
     counts = [m.token_count or 0 for m in stored]
@@ -146,6 +130,57 @@ def counting(stored: list[MessageIn]) -> tuple[list[int], Callable[[Message], in
         return counter.count_message(message) if n is None else n
 
     return counts, count
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A question asked as the newest user message after its stored conversation."""
+
+    question: Question
+    conversation: list[Message]
+    hashes: list[str]
+    counts: list[int]
+    count: Callable[[Message], int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+
+def ask(stored: list[MessageIn], q: Question) -> Asked:
+    conv_in = [*stored, message_in({"role": "user", "content": q.text})]
+    counts, count = counting(conv_in)
+    return Asked(q, [m.message for m in conv_in], [m.content_hash for m in conv_in], counts, count)
+
+
+async def recall_at(
+    service: RecallService,
+    spec: RecallSpec,
+    limit: int,
+    a: Asked,
+    windows: dict[int, Decision] | None = None,
+) -> tuple[Decision, Decision, RecallOutcome]:
+    """(the trimmed window, the decision with recall, the outcome) at ``limit`` tokens.
+    ``windows``: the window cut once per reserve (its key) and reused."""
+    held = reserve(spec, limit)
+    base = windows.get(held) if windows is not None else None
+    if base is None:
+        base = trim(a.conversation, TrimSpec(max_tokens=limit), a.count, Budget(limit - held))
+        if windows is not None:
+            windows[held] = base
+    decision, outcome = await service.apply(
+        policy="bench",
+        spec=spec,
+        budget=held,
+        ref=SessionRef("bench", f"conv-{a.question.conversation}"),
+        conversation=a.conversation,
+        hashes=a.hashes,
+        decision=base,
+        count=a.count,
+        sizes=a.counts,
+    )
+    assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+    return base, decision, outcome
 
 
 def retained(decision: Decision, spans: tuple[tuple[int, int], ...], evidence: list[int]) -> bool:
@@ -213,7 +248,7 @@ async def modes(
                     spans = outcome.recalled.spans
                 assert decision.tokens_after <= mode.max_tokens
                 ok = retained(base, spans, q.evidence)
-                _add(rows, f"{name} recall {share}", q.category, ok, decision)
+                _add(rows, f"{name} recall {share}", q, ok, decision)
     return rows
 
 
@@ -226,56 +261,40 @@ async def retention(
     stored = [[message_in(m) for m in c] for c in conversations]
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
-        ask = message_in({"role": "user", "content": q.text})
-        conv_in = [*stored[q.conversation], ask]
-        conversation = [m.message for m in conv_in]
-        hashes = [m.content_hash for m in conv_in]
-        counts, count = counting(conv_in)
-        total = sum(counts)
+        a = ask(stored[q.conversation], q)
         for fraction in FRACTIONS:
-            limit = int(fraction * total)
+            limit = int(fraction * a.total)
             label = f"{int(fraction * 100)}%"
-            window = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit))
-            _add(rows, f"window {label}", q.category, retained(window, (), q.evidence), window)
+            window = trim(a.conversation, TrimSpec(max_tokens=limit), a.count, Budget(limit))
+            _add(rows, f"window {label}", q, retained(window, (), q.evidence), window)
             runs = [(share, False) for share in SHARES] + [(share, True) for share in EXPAND]
             for share, expand in runs:
                 spec = RecallSpec(share=share, neighbors=NEIGHBORS, expand=expand)
-                held = reserve(spec, limit)
-                base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-                decision, outcome = await service.apply(
-                    policy="bench",
-                    spec=spec,
-                    budget=held,
-                    ref=SessionRef("bench", f"conv-{q.conversation}"),
-                    conversation=conversation,
-                    hashes=hashes,
-                    decision=base,
-                    count=count,
-                    sizes=counts,
-                )
-                assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                base, decision, outcome = await recall_at(service, spec, limit, a)
                 at = outcome.recalled.position
                 if at is not None:
                     exact = counter_for(MODEL).count_message(decision.messages[at])
                     BLOCK_COUNTS.append((exact, outcome.recalled.tokens))
                 ok = retained(base, outcome.recalled.spans, q.evidence)
                 name = f"recall s{share} expand" if expand else f"recall s{share}"
-                _add(rows, f"{name} {label}", q.category, ok, decision)
+                _add(rows, f"{name} {label}", q, ok, decision)
     return rows
 
 
-def _add(rows: dict[str, dict[int, Tally]], label: str, cat: int, ok: bool, d: Decision) -> None:
-    for key in (cat, 0):
+def _add(rows: dict[str, dict[int, Tally]], label: str, q: Question, ok: bool, d: Decision) -> None:
+    sent = d.tokens_after / max(1, d.tokens_before)
+    for key in (q.category, 0):
         tally = rows.setdefault(label, {}).setdefault(key, Tally())
         tally.asked += 1
         tally.kept += ok
-        tally.tokens.append(d.tokens_after / max(1, d.tokens_before))
+        tally.tokens.append(sent)
+        tally.outcomes.append(Outcome(q.fold, q.category, ok, sent))
 
 
 def print_retention(
-    rows: dict[str, dict[int, Tally]], questions: int, what: str = "policy"
+    rows: dict[str, dict[int, Tally]], questions: int, what: str = "policy", data: str = "LoCoMo"
 ) -> None:
-    print(f"\n== evidence reaching the upstream, LoCoMo dev ({questions} questions, cats 1-4)")
+    print(f"\n== evidence reaching the upstream, {data} ({questions} questions, cats 1-4)")
     cats = [0, *CATEGORIES]
     names = ["all"] + [f"{c} {CATEGORIES[c]}" for c in CATEGORIES]
     header = f"{what:24}" + "".join(f"{n:>15}" for n in names) + f"{'tokens sent':>13}"
@@ -464,20 +483,77 @@ def _no_index(conn: Any, item_ids: Any) -> None:
     return None
 
 
+async def tune(
+    store: SqliteStore,
+    conversations: list[list[dict[str, Any]]],
+    questions: list[Question],
+    quick: bool,
+    names: list[str],
+) -> None:
+    """The recall grid (share, neighbors, fusion weight, expand) tuned leave-one-conversation-out."""
+    service, embeddings = recall_embeddings.services(store)
+    stored = [[message_in(m) for m in c] for c in conversations]
+    refs = [SessionRef("bench", f"conv-{k}") for k in range(len(stored))]
+    await recall_embeddings.embed_stored(embeddings, store, refs, stored)
+    knobs = recall_folds.grid(quick)
+    started = time.perf_counter()
+    results = await recall_folds.sweep(sys.modules[__name__], service, stored, questions, knobs)
+    print(
+        f"\n(folds: {len(questions)} questions x {len(knobs)} settings x {len(FRACTIONS)} budgets,"
+        f" {time.perf_counter() - started:.0f} s)"
+    )
+    for budget, by_setting in results.items():
+        recall_folds.print_folds(
+            f"recall at {budget} of the tokens",
+            by_setting,
+            ["s0.8 n2 lexical", "s0.8 n2 w0.4"],
+            recall_folds.best,
+            names,
+        )
+
+
 async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]]) -> None:
     for k, conv in enumerate(conversations):
         stored = [message_in(m) for m in conv]
         await store.record_exchange(SessionRef("bench", f"conv-{k}"), stored, None, record(f"c{k}"))
 
 
-SECTIONS = ("retention", "modes", "latency", "pg-latency", "redis-latency", "storage", "embeddings")
+SECTIONS = (
+    "retention",
+    "folds",
+    "modes",
+    "latency",
+    "pg-latency",
+    "redis-latency",
+    "storage",
+    "embeddings",
+)
 
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="200 questions, 100 timed rounds")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every third question (folds: neighbors 2 only), 100 timed rounds",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=DATA,
+        help=f"LoCoMo or LongMemEval JSON (default {DATA}; never copied into the project)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=("all", "dev", "test"),
+        default="all",
+        help="LongMemEval: the even (dev) or odd (test) questions",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="LongMemEval: the first N questions kept"
+    )
     parser.add_argument(
         "--only",
         type=lambda value: set(value.split(",")),
@@ -494,11 +570,13 @@ def arguments() -> argparse.Namespace:
 async def main(args: argparse.Namespace) -> None:
     quick = args.quick
     only = args.only
-    if not DATA.exists():
-        print(f"skipped: {DATA} not found (the shared LoCoMo data)")
+    if not args.data.exists():
+        print(f"skipped: {args.data} not found (the shared LoCoMo data; --data PATH)")
         return
-    conversations, questions = load()
-    asked = questions[:200] if quick else questions
+    data = load(args.data, args.split, args.limit)
+    conversations, questions, names = data.conversations, data.questions, data.folds
+    print(f"{data.name}: {len(conversations)} conversations, {len(questions)} questions")
+    asked = questions[::3] if quick else questions
     rounds = 100 if quick else 500
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
     store = SqliteStore(directory / "bench.db")
@@ -509,7 +587,7 @@ async def main(args: argparse.Namespace) -> None:
         if "retention" in only:
             started = time.perf_counter()
             rows = await retention(store, conversations, asked)
-            print_retention(rows, len(asked))
+            print_retention(rows, len(asked), data=data.name)
             print(f"({time.perf_counter() - started:.1f} s)")
             over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
             slack = [told - exact for exact, told in BLOCK_COUNTS]
@@ -518,16 +596,31 @@ async def main(args: argparse.Namespace) -> None:
                 f"{len(over)} (by at most {max(over, default=0)}), above by "
                 f"{statistics.mean(slack or [0]):.1f} tokens on average"
             )
+        if "folds" in only:
+            await tune(store, conversations, asked, quick, names)
         if "modes" in only:
             mode_rows = await modes(store, conversations, asked)
-            print_retention(mode_rows, len(asked), "mode, share")
+            print_retention(mode_rows, len(asked), "mode, share", data.name)
+            for name in MODES:
+                by_share = {
+                    label: tallies[0].outcomes
+                    for label, tallies in mode_rows.items()
+                    if label.startswith(f"{name} recall ") and not label.endswith(" 0.0")
+                }
+                recall_folds.print_folds(
+                    f"the {name} mode's recall share (knee rule)",
+                    by_share,
+                    [f"{name} recall {MODES[name].recall.share if MODES[name].recall else 0}"],
+                    recall_folds.knee,
+                    names,
+                )
         if "latency" in only:
             lat = await latency(store, conversations, questions, rounds)
         if "embeddings" in only:
             me = sys.modules[__name__]
             stored = [[message_in(m) for m in c] for c in conversations]
             rows = await recall_embeddings.sweep(me, store, stored, asked)
-            print_retention(rows, len(asked), "embeddings, weight")
+            print_retention(rows, len(asked), "embeddings, weight", data.name)
             recall_embeddings.print_latency(
                 await recall_embeddings.latency(me, store, conversations, questions, rounds)
             )

@@ -77,14 +77,9 @@ async def sweep(
     print(f"\n(embedded {n} stored messages in the background: {per:.3f} ms per message)")
     rows: dict[str, dict[int, Any]] = {}
     for q in questions:
-        ask = bench.message_in({"role": "user", "content": q.text})
-        conv_in = [*stored[q.conversation], ask]
-        conversation = [m.message for m in conv_in]
-        hashes = [m.content_hash for m in conv_in]
-        counts, count = bench.counting(conv_in)
-        total = sum(counts)
+        a = bench.ask(stored[q.conversation], q)
         for fraction in bench.FRACTIONS:
-            limit = int(fraction * total)
+            limit = int(fraction * a.total)
             label = f"{int(fraction * 100)}%"
             runs = [(SHARE, w) for w in WEIGHTS] + [(s, SEMANTIC_WEIGHT) for s in MORE_SHARES]
             for share, w in runs:
@@ -94,24 +89,11 @@ async def sweep(
                     embeddings="wordllama",
                     semantic_weight=w,
                 )
-                held = reserve(spec, limit)
-                base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-                decision, outcome = await service.apply(
-                    policy="bench",
-                    spec=spec,
-                    budget=held,
-                    ref=refs[q.conversation],
-                    conversation=conversation,
-                    hashes=hashes,
-                    decision=base,
-                    count=count,
-                    sizes=counts,
-                )
-                assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                base, decision, outcome = await bench.recall_at(service, spec, limit, a)
                 assert outcome.semantic == "used", outcome.semantic
                 ok = bench.retained(base, outcome.recalled.spans, q.evidence)
                 name = f"embed w{w}" if share == SHARE else f"embed w{w} s{share}"
-                bench._add(rows, f"{name} {label}", q.category, ok, decision)
+                bench._add(rows, f"{name} {label}", q, ok, decision)
     return rows
 
 
