@@ -218,39 +218,43 @@ async def modes(
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
 ) -> dict[str, dict[int, Tally]]:
-    """The built-in modes with a recall share of their budget (the conversations are stored)."""
-    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    """The built-in modes with a recall share of their budget (the conversations are stored);
+    ``{mode} semantic {share}``: the same with wordllama fused at the default weight."""
+    lexical = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    semantic, embeddings = recall_embeddings.services(store)
+    stored = [[message_in(m) for m in c] for c in conversations]
+    refs = [SessionRef("bench", f"conv-{k}") for k in range(len(stored))]
+    await recall_embeddings.embed_stored(embeddings, store, refs, stored)
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
-        ask = message_in({"role": "user", "content": q.text})
-        conv_in = [*[message_in(m) for m in conversations[q.conversation]], ask]
-        conversation = [m.message for m in conv_in]
-        hashes = [m.content_hash for m in conv_in]
-        counts, count = counting(conv_in)
+        a = ask(stored[q.conversation], q)
         for name, mode in MODES.items():
             assert mode.max_tokens is not None
-            for share in MODE_SHARES:
-                spec = RecallSpec(share=share, neighbors=NEIGHBORS)
+            runs = [(share, "none") for share in MODE_SHARES]
+            runs += [(share, "wordllama") for share in MODE_SHARES if share]
+            for share, embed in runs:
+                spec = RecallSpec(share=share, neighbors=NEIGHBORS, embeddings=embed)
                 held = reserve(spec, mode.max_tokens) if share else 0
-                base = mode_decision(conversation, mode, count, mode.max_tokens - held)
+                base = mode_decision(a.conversation, mode, a.count, mode.max_tokens - held)
                 spans: tuple[tuple[int, int], ...] = ()
                 decision = base
                 if share:
-                    decision, outcome = await service.apply(
+                    decision, outcome = await (semantic if embed != "none" else lexical).apply(
                         policy="bench",
                         spec=spec,
                         budget=held,
-                        ref=SessionRef("bench", f"conv-{q.conversation}"),
-                        conversation=conversation,
-                        hashes=hashes,
+                        ref=refs[q.conversation],
+                        conversation=a.conversation,
+                        hashes=a.hashes,
                         decision=base,
-                        count=count,
-                        sizes=counts,
+                        count=a.count,
+                        sizes=a.counts,
                     )
                     spans = outcome.recalled.spans
                 assert decision.tokens_after <= mode.max_tokens
                 ok = retained(base, spans, q.evidence)
-                _add(rows, f"{name} recall {share}", q, ok, decision)
+                how = "recall" if embed == "none" else "semantic"
+                _add(rows, f"{name} {how} {share}", q, ok, decision)
     return rows
 
 
