@@ -57,6 +57,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import recall_embeddings, recall_folds
 from bench.recall_data import CATEGORIES, Question, load
 from bench.recall_folds import Outcome
+from bench.recall_latency import latency, pg_latency, print_latency, redis_latency, storage
+from bench.recall_store import (
+    MODEL,
+    NEIGHBORS,
+    ask,
+    message_in,
+    recall_at,
+    record,
+)
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -71,14 +80,9 @@ from policies.types import (
     TrimSpec,
 )
 from proxy.context.embedder import Embedder
-from proxy.context.recall import RecallOutcome, RecallService
+from proxy.context.recall import RecallService
 from proxy.context.tokens import counter_for
-from proxy.http.sessions import content_hash
-from proxy.store import sqlite_jobs
-from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
-from proxy.store.postgres import PostgresStore
-from proxy.store.redis import RedisStore
-from proxy.store.search_backends import recall_index_for
+from proxy.store.base import SessionRef
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
 from proxy.telemetry.metrics import Metrics
@@ -90,8 +94,6 @@ FRACTIONS = (0.10, 0.25)
 SHARES = (0.5, 0.7, 0.8, 0.9)
 # The same with ``expand: true`` (a second search with the best hits' words).
 EXPAND = (0.8, 0.9)
-NEIGHBORS = 2
-MODEL = "gpt-4o"
 # (exact count of a recall block, the count recall reported): the sum of its
 # units' counts is meant to be the exact count or a little over.
 BLOCK_COUNTS: list[tuple[int, int]] = []
@@ -107,82 +109,6 @@ class Tally:
 
     def share(self) -> str:
         return f"{100 * self.kept / self.asked:5.1f}%" if self.asked else "    -"
-
-
-def record(rid: str) -> RequestRecord:
-    return RequestRecord(
-        id=rid, tenant="bench", route="bench", policy="bench", model=MODEL, stream=False, status=200
-    )
-
-
-def message_in(message: dict[str, Any]) -> MessageIn:
-    counter = counter_for(MODEL)
-    return MessageIn(
-        message, content_hash(message), str(message["role"]), counter.count_message(message)
-    )
-
-
-def counting(stored: list[MessageIn]) -> tuple[list[int], Callable[[Message], int]]:
-    counter = counter_for(MODEL)
-    counts = [m.token_count or 0 for m in stored]
-    known = {id(m.message): m.token_count or 0 for m in stored}
-
-    def count(message: Message) -> int:
-        n = known.get(id(message))
-        return counter.count_message(message) if n is None else n
-
-    return counts, count
-
-
-@dataclass(frozen=True)
-class Asked:
-    """A question asked as the newest user message after its stored conversation."""
-
-    question: Question
-    conversation: list[Message]
-    hashes: list[str]
-    counts: list[int]
-    count: Callable[[Message], int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts)
-
-
-def ask(stored: list[MessageIn], q: Question) -> Asked:
-    conv_in = [*stored, message_in({"role": "user", "content": q.text})]
-    counts, count = counting(conv_in)
-    return Asked(q, [m.message for m in conv_in], [m.content_hash for m in conv_in], counts, count)
-
-
-async def recall_at(
-    service: RecallService,
-    spec: RecallSpec,
-    limit: int,
-    a: Asked,
-    windows: dict[int, Decision] | None = None,
-) -> tuple[Decision, Decision, RecallOutcome]:
-    """(the trimmed window, the decision with recall, the outcome) at ``limit`` tokens.
-    ``windows``: the window cut once per reserve (its key) and reused."""
-    held = reserve(spec, limit)
-    base = windows.get(held) if windows is not None else None
-    if base is None:
-        base = trim(a.conversation, TrimSpec(max_tokens=limit), a.count, Budget(limit - held))
-        if windows is not None:
-            windows[held] = base
-    decision, outcome = await service.apply(
-        policy="bench",
-        spec=spec,
-        budget=held,
-        ref=SessionRef("bench", f"conv-{a.question.conversation}"),
-        conversation=a.conversation,
-        hashes=a.hashes,
-        decision=base,
-        count=a.count,
-        sizes=a.counts,
-    )
-    assert decision.tokens_after <= limit, (decision.tokens_after, limit)
-    return base, decision, outcome
 
 
 def retained(decision: Decision, spans: tuple[tuple[int, int], ...], evidence: list[int]) -> bool:
@@ -311,182 +237,6 @@ def print_retention(
         sent = statistics.mean(by_cat[0].tokens) * 100
         print(f"{label:24}{cells}{sent:12.1f}%")
     print("tokens sent: forwarded / full history, mean (recall's share is of the same budget)")
-
-
-def session_of(conversations: list[list[dict[str, Any]]], turns: int) -> list[dict[str, Any]]:
-    """``turns`` turns (a user and an assistant message each) from the LoCoMo dialogues, cycled."""
-    pool = [m for c in conversations for m in c if m["role"] != "system"]
-    out: list[dict[str, Any]] = [{"role": "system", "content": "You are a friend."}]
-    k = 0
-    while len(out) < 2 * turns + 1:
-        m = pool[k % len(pool)]
-        role = "user" if len(out) % 2 == 1 else "assistant"
-        out.append({"role": role, "content": f"{m['content']} ({k // len(pool)})"})
-        k += 1
-    return out
-
-
-async def latency(
-    store: Store,
-    conversations: list[list[dict[str, Any]]],
-    questions: list[Question],
-    rounds: int,
-    exchange: int | None = None,
-) -> list[tuple[int, float, float, float, float, float]]:
-    """The recall step's time per request on ``store``'s own index (SQLite, PostgreSQL,
-    Redis). ``exchange``: store each session that many messages at a time (None: at once)."""
-    service = RecallService(recall_index_for(store), Metrics())
-    out = []
-    for turns in (100, 1000, 5000):
-        ref = SessionRef("bench", f"latency-{turns}")
-        stored = [message_in(m) for m in session_of(conversations, turns)]
-        step = exchange or len(stored)
-        for end in range(step, len(stored) + step, step):
-            await store.record_exchange(ref, stored[:end], None, record(f"l{turns}-{end}"))
-        spec = RecallSpec(share=0.7, neighbors=NEIGHBORS)
-        times: list[float] = []
-        cpu: list[float] = []
-        for r in range(rounds + 20):
-            ask = message_in({"role": "user", "content": questions[r % len(questions)].text})
-            conv_in = [*stored, ask]
-            conversation = [m.message for m in conv_in]
-            hashes = [m.content_hash for m in conv_in]
-            counts, count = counting(conv_in)
-            limit = 4000
-            held = reserve(spec, limit)
-            base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-            started = time.perf_counter()
-            cpu_started = time.process_time()
-            await service.apply(
-                policy="bench",
-                spec=spec,
-                budget=held,
-                ref=ref,
-                conversation=conversation,
-                hashes=hashes,
-                decision=base,
-                count=count,
-                sizes=counts,
-            )
-            if r >= 20:  # warm-up excluded
-                times.append((time.perf_counter() - started) * 1000)
-                cpu.append((time.process_time() - cpu_started) * 1000)
-            # What the chat pipeline does off the request path: the left-out
-            # messages' lines counted ahead (RecallService.prepare).
-            await service.prepare(ref, conversation, base, counter_for(MODEL))
-        times.sort()
-        cpu.sort()
-        p50 = times[len(times) // 2]
-        p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-        cpu99 = cpu[min(len(cpu) - 1, int(len(cpu) * 0.99))]
-        out.append((turns, p50, p99, statistics.mean(times), cpu[len(cpu) // 2], cpu99))
-    return out
-
-
-def print_latency(backend: str, lat: list[tuple[int, float, float, float, float, float]]) -> None:
-    print(
-        f"\n== time the recall step adds per request, {backend} "
-        "(share 0.7 of a 4000-token trim budget)"
-    )
-    print(
-        f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
-    )
-    for turns, p50, p99, mean, c50, c99 in lat:
-        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
-    print(
-        f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} "
-        f"on {os.cpu_count()} cores)"
-    )
-
-
-async def pg_latency(
-    conversations: list[list[dict[str, Any]]], questions: list[Question], rounds: int
-) -> list[tuple[int, float, float, float, float, float]]:
-    """:func:`latency` on a PostgreSQL store, in a schema of its own (dropped after)."""
-    url = os.environ.get("CTXPROXY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-    schema = f"bench_recall_{os.getpid()}"
-    store = PostgresStore(url, pool_size=2, schema=schema)
-    await store.open()
-    try:
-        return await latency(store, conversations, questions, rounds)
-    finally:
-        await store.pool.execute(f"DROP SCHEMA {schema} CASCADE")
-        await store.close()
-
-
-async def redis_latency(
-    conversations: list[list[dict[str, Any]]], questions: list[Question], rounds: int
-) -> list[tuple[int, float, float, float, float, float]]:
-    """:func:`latency` on a Redis store, under a key prefix of its own (deleted after)."""
-    url = os.environ.get("CTXPROXY_BENCH_REDIS", "redis://127.0.0.1:6379/0")
-    store = RedisStore(url, prefix=f"ctxproxy:bench_recall_{os.getpid()}:")
-    await store.open()
-    try:
-        return await latency(store, conversations, questions, rounds, exchange=20)
-    finally:
-        client = store._client
-        assert client is not None
-        keys = [k async for k in client.scan_iter(match=store.prefix + "*", count=1000)]
-        for start in range(0, len(keys), 1000):
-            await client.unlink(*keys[start : start + 1000])
-        await store.close()
-
-
-async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> dict[str, Any]:
-    """An exchange's write with and without the FTS insert: interleaved rounds, same data."""
-    real = sqlite_jobs.index_items
-    directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-store-"))
-    stores = {
-        "with index": SqliteStore(directory / "a.db"),
-        "without": SqliteStore(directory / "b.db"),
-    }
-    for s in stores.values():
-        await s.open()
-    pool = [m for c in conversations for m in c if m["role"] != "system"]
-    history: dict[str, list[MessageIn]] = {name: [] for name in stores}
-    times: dict[str, list[float]] = {name: [] for name in stores}
-    try:
-        for r in range(exchanges // 10):
-            for name, s in stores.items() if r % 2 == 0 else reversed(stores.items()):
-                sqlite_jobs.index_items = real if name == "with index" else _no_index
-                for j in range(10):
-                    k = r * 10 + j
-                    user = message_in(
-                        {"role": "user", "content": pool[(2 * k) % len(pool)]["content"]}
-                    )
-                    reply = message_in(
-                        {"role": "assistant", "content": pool[(2 * k + 1) % len(pool)]["content"]}
-                    )
-                    history[name].append(user)
-                    started = time.perf_counter()
-                    await s.record_exchange(
-                        SessionRef("bench", f"w{k // 200}"),
-                        history[name][-199:],
-                        reply,
-                        record(f"{name}-{k}"),
-                    )
-                    times[name].append((time.perf_counter() - started) * 1000)
-                    history[name].append(reply)
-                    if len(history[name]) >= 200:
-                        history[name] = []
-    finally:
-        sqlite_jobs.index_items = real
-        for s in stores.values():
-            await s.close()
-    sizes = {
-        name: sum(f.stat().st_size for f in directory.glob(f"{name[0]}.db*")) for name in stores
-    }
-    sizes = {
-        "with index": sum(f.stat().st_size for f in directory.glob("a.db*")),
-        "without": sum(f.stat().st_size for f in directory.glob("b.db*")),
-    }
-    return {
-        name: (statistics.median(t), statistics.mean(t), sizes[name]) for name, t in times.items()
-    } | {"messages": 2 * exchanges}
-
-
-def _no_index(conn: Any, item_ids: Any) -> None:
-    return None
 
 
 async def tune(

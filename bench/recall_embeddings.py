@@ -24,9 +24,8 @@ import statistics
 import time
 from typing import Any
 
-from policies.recall import reserve
-from policies.trim import trim
-from policies.types import SEMANTIC_WEIGHT, Budget, RecallSpec, TrimSpec
+from bench.recall_store import NEIGHBORS, ask, message_in, recall_at, record, session_of, window
+from policies.types import SEMANTIC_WEIGHT, RecallSpec
 from proxy.background import Background
 from proxy.context.embedder import Embedder, WordLlamaEmbedder
 from proxy.context.embeddings import Embeddings
@@ -91,7 +90,7 @@ async def sweep(
             for share, w in runs:
                 spec = RecallSpec(
                     share=share,
-                    neighbors=bench.NEIGHBORS,
+                    neighbors=NEIGHBORS,
                     embeddings="wordllama",
                     semantic_weight=w,
                 )
@@ -111,34 +110,18 @@ async def latency(
     out = []
     for turns in (100, 1000, 5000):
         ref = SessionRef("bench", f"semantic-latency-{turns}")
-        stored = [bench.message_in(m) for m in bench.session_of(conversations, turns)]
-        await store.record_exchange(ref, stored, None, bench.record(f"sl{turns}"))
+        stored = [message_in(m) for m in session_of(conversations, turns)]
+        await store.record_exchange(ref, stored, None, record(f"sl{turns}"))
         await embed_stored(embeddings, store, [ref], [stored])
-        spec = RecallSpec(share=0.7, neighbors=bench.NEIGHBORS, embeddings="wordllama")
+        spec = RecallSpec(share=0.7, neighbors=NEIGHBORS, embeddings="wordllama")
         semantic: list[float] = []
         whole: list[float] = []
         cpu: list[float] = []
         for r in range(rounds + 20):
-            ask = bench.message_in({"role": "user", "content": questions[r % len(questions)].text})
-            conv_in = [*stored, ask]
-            conversation = [m.message for m in conv_in]
-            hashes = [m.content_hash for m in conv_in]
-            counts, count = bench.counting(conv_in)
-            limit = 4000
-            held = reserve(spec, limit)
-            base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
+            a = ask(stored, questions[r % len(questions)])
+            windows = window(a, spec, 4000)
             cpu_started = time.process_time()
-            _, outcome = await service.apply(
-                policy="bench",
-                spec=spec,
-                budget=held,
-                ref=ref,
-                conversation=conversation,
-                hashes=hashes,
-                decision=base,
-                count=count,
-                sizes=counts,
-            )
+            _, _, outcome = await recall_at(service, spec, 4000, a, windows, ref)
             if r >= 20:  # warm-up excluded (the first read loads the session's vectors)
                 semantic.append(outcome.semantic_ms)
                 whole.append(outcome.ms)
