@@ -30,12 +30,18 @@ $(RUNTIME): requirements.lock pyproject.toml $(PIP)
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
+# llama-cpp-python (dev extra: tests/local, bench/local.py) compiles llama.cpp from its
+# sdist, once (then pip's wheel cache): CPU only and portable (no -march=native, no BLAS,
+# no OpenMP), without llama.cpp's own tests, examples, tools and server.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
+
 $(DEV): requirements-dev.lock pyproject.toml $(PIP)
-	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(RUNTIME) $@
 
-# The coding agents the tests drive through the proxy (tests/agents/: the Codex CLI),
+# The coding agents the tests drive through the proxy (tests/agents/: the Codex CLI, Claude Code),
 # exactly as package-lock.json pins them; again only when the lock changes.
 NODE_STAMP := node_modules/.installed
 $(NODE_STAMP): package.json package-lock.json
@@ -72,6 +78,7 @@ bench: $(DEV)
 	$(BIN)/python bench/recall.py
 	$(BIN)/python bench/history.py
 	$(BIN)/python bench/agents.py
+	$(BIN)/python bench/local.py
 
 # The long reliability suite: 10,000 fuzzed bodies per endpoint (fewer for the path-id
 # ones: tests/reliability/endpoints.py), a 24 MiB message, a longer soak and kill -9

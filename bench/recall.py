@@ -23,7 +23,12 @@ modes' shares tuned leave-one-conversation-out (bench/recall_folds.py): each
 setting chosen on three conversations, measured on the fourth, beside the
 in-sample figure. ``--data``: a LoCoMo or LongMemEval file (bench/recall_data.py).
 
-    python bench/recall.py [--quick] [--data PATH [--split dev|test] [--limit N]]
+``--door anthropic``: each conversation, and each question, as an Anthropic
+Messages request read by the Messages door's view (bench/door.py): what the
+policies and recall get on ``/v1/messages``, in every section and either data set.
+
+    python bench/recall.py [--quick] [--door openai|anthropic]
+        [--data PATH [--split dev|test] [--limit N]]
         [--only retention,folds,modes,latency,pg-latency,redis-latency,storage,embeddings]
 
 ``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
@@ -55,6 +60,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import recall_embeddings, recall_folds
+from bench.door import add_door_option
 from bench.recall_data import CATEGORIES, Question, load
 from bench.recall_folds import Outcome
 from bench.recall_latency import latency, pg_latency, print_latency, redis_latency, storage
@@ -312,6 +318,7 @@ def arguments() -> argparse.Namespace:
         action="store_true",
         help="every third question (folds: neighbors 2 only), 100 timed rounds",
     )
+    add_door_option(parser)
     parser.add_argument(
         "--data",
         type=Path,
@@ -351,9 +358,11 @@ async def main(args: argparse.Namespace) -> None:
     if not args.data.exists():
         print(f"skipped: {args.data} not found (the shared LoCoMo data; --data PATH)")
         return
-    data = load(args.data, args.split, args.limit)
+    data = load(args.data, args.split, args.limit, args.door)
     conversations, questions, names = data.conversations, data.questions, data.folds
     print(f"{data.name}: {len(conversations)} conversations, {len(questions)} questions")
+    if args.door != "openai":
+        print(f"door: {args.door} (each conversation read by its door's view: bench/door.py)")
     asked = questions[::3] if quick else questions
     rounds = 100 if quick else 500
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))

@@ -15,6 +15,8 @@ Two formats, told apart by their fields:
 
 Each history becomes chat messages after a system message. Session dates are
 not put into the messages: a client talking through the proxy does not send them.
+Each conversation and question then goes through ``door`` (bench/door.py): with
+``anthropic``, as the Messages door's view reads it from an Anthropic request.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.door import through
 from proxy.ops.replay import locomo_dialogue
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -46,7 +49,9 @@ class Question:
     category: int
     evidence: list[int]
     # The leave-one-out group: the conversation (LoCoMo) or the index mod 4 (LongMemEval).
-    fold: int = -1
+    fold: int
+    # The question as the newest user message, as its door reads it.
+    message: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -57,30 +62,47 @@ class DataSet:
     folds: list[str]  # a name per fold
 
 
-def load(path: Path, split: str = "all", limit: int | None = None) -> DataSet:
-    """The data set at ``path`` (LoCoMo or LongMemEval, by its fields)."""
+def load(path: Path, split: str = "all", limit: int | None = None, door: str = "openai") -> DataSet:
+    """The data set at ``path`` (LoCoMo or LongMemEval, by its fields) through ``door``."""
     entries = json.loads(path.read_text())
     if entries and "haystack_sessions" in entries[0]:
-        return longmemeval(entries, split, limit)
-    return locomo(entries)
+        return longmemeval(entries, split, limit, door)
+    return locomo(entries, door)
 
 
-def locomo(entries: list[dict[str, Any]]) -> DataSet:
+def viewed(door: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation as the policies get it through ``door``."""
+    out = through(door, messages)
+    # The evidence turns' positions hold: the door reads a dialogue one message a message.
+    assert len(out) == len(messages), (len(out), len(messages))
+    return out
+
+
+def asked(door: str, text: str) -> dict[str, Any]:
+    """A question as the newest user message, through ``door``."""
+    (question,) = through(door, [{"role": "user", "content": text}])
+    return question
+
+
+def locomo(entries: list[dict[str, Any]], door: str = "openai") -> DataSet:
     conversations: list[list[dict[str, Any]]] = []
     questions: list[Question] = []
     for k, entry in enumerate(entries):
         messages, turns = locomo_dialogue(entry)
-        conversations.append(messages)
+        conversations.append(viewed(door, messages))
         for q in entry["qa"]:
             category = q.get("category")
             evidence = [turns[e] for e in q.get("evidence", []) if e in turns]
             if category in CATEGORIES and evidence and "answer" in q:
-                questions.append(Question(k, str(q["question"]), int(category), evidence, k))
+                text = str(q["question"])
+                questions.append(Question(k, text, int(category), evidence, k, asked(door, text)))
     names = [str(e.get("sample_id", k)) for k, e in enumerate(entries)]
     return DataSet("LoCoMo", conversations, questions, names)
 
 
-def longmemeval(entries: list[dict[str, Any]], split: str, limit: int | None) -> DataSet:
+def longmemeval(
+    entries: list[dict[str, Any]], split: str, limit: int | None, door: str = "openai"
+) -> DataSet:
     keep = {"all": (0, 1), "dev": (0,), "test": (1,)}[split]
     conversations: list[list[dict[str, Any]]] = []
     questions: list[Question] = []
@@ -102,8 +124,9 @@ def longmemeval(entries: list[dict[str, Any]], split: str, limit: int | None) ->
         if not evidence:
             continue
         k = len(conversations)
-        conversations.append(messages)
-        questions.append(Question(k, str(entry["question"]), category, evidence, index % FOLDS))
+        conversations.append(viewed(door, messages))
+        text = str(entry["question"])
+        questions.append(Question(k, text, category, evidence, index % FOLDS, asked(door, text)))
         if limit is not None and len(conversations) >= limit:
             break
     names = [f"q mod 4 = {f}" for f in range(FOLDS)]

@@ -74,7 +74,7 @@ class Asked:
 
 
 def ask(stored: list[MessageIn], q: Question) -> Asked:
-    conv_in = [*stored, message_in({"role": "user", "content": q.text})]
+    conv_in = [*stored, message_in(q.message)]
     counts, count = counting(conv_in)
     return Asked(q, [m.message for m in conv_in], [m.content_hash for m in conv_in], counts, count)
 

@@ -19,11 +19,16 @@ retention on LoCoMo at each conversation's end, beside the trim policies.
 Then a scaling check: policy time per request at ~500 messages vs ~20, on a
 long conversation made of tau conversations end to end (target <= 3x).
 
-    python bench/replay.py
+    python bench/replay.py [--door openai|anthropic]
+
+``--door anthropic``: every conversation as an Anthropic Messages request read
+by the Messages door (bench/door.py); ``invalid``: forwarded lists the door's
+upstream would reject (a tool call without its result, or the reverse).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import statistics
@@ -45,6 +50,7 @@ if _litellm is not None and _litellm.origin is not None:
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_tokenizers))
 sys.path.insert(0, str(ROOT))
 
+from bench.door import add_door_option, invalid, through  # noqa: E402
 from bench.replay_summaries import (  # noqa: E402
     TokenStats,
     lookup,
@@ -95,6 +101,7 @@ class Stats(TokenStats):
     stable: int = 0
     micros: list[float] = field(default_factory=list)
     micros_lookup: list[float] = field(default_factory=list)
+    invalid: int = 0
 
 
 def timed(
@@ -109,7 +116,12 @@ def timed(
     return result, (time.perf_counter_ns() - start) / 1000
 
 
-def replay(conversations: list[Conversation], spec: PolicySpec, counter: TiktokenCounter) -> Stats:
+def replay(
+    conversations: list[Conversation],
+    spec: PolicySpec,
+    counter: TiktokenCounter,
+    door: str = "openai",
+) -> Stats:
     stats = Stats()
     fixed = counter.count_request_fixed({})
     limit = budget_limit(spec, None, 0) if isinstance(spec, TrimSpec) else None
@@ -133,6 +145,7 @@ def replay(conversations: list[Conversation], spec: PolicySpec, counter: Tiktoke
             stats.sent.append(decision.tokens_after)
             last = (decision.tokens_before, decision.tokens_after)
             forwarded = decision.messages
+            stats.invalid += invalid(door, forwarded)
             if previous is not None:
                 stats.pairs += 1
                 keep = previous[: newest_turn_start(previous)]
@@ -146,14 +159,14 @@ def replay(conversations: list[Conversation], spec: PolicySpec, counter: Tiktoke
 
 def print_table(name: str, rows: list[tuple[str, Stats]]) -> None:
     print(f"\n== {name}")
-    header = f"{token_header(34)} {'stable':>7} {'us/req':>7} {'us/req*':>7}"
+    header = f"{token_header(34)} {'stable':>7} {'us/req':>7} {'us/req*':>7} {'invalid':>7}"
     print(header)
     print("-" * len(header))
     for label, s in rows:
         stable = f"{100 * s.stable / s.pairs:.1f}%" if s.pairs else "-"
         print(
             f"{token_columns(label, 34, s)} "
-            f"{stable:>7} {mean(s.micros):7.1f} {mean(s.micros_lookup):7.1f}"
+            f"{stable:>7} {mean(s.micros):7.1f} {mean(s.micros_lookup):7.1f} {s.invalid:7d}"
         )
     print("us/req: real counter, cache warm; us/req*: counts looked up by object (policy alone)")
 
@@ -192,18 +205,25 @@ def scaling(tau: list[Conversation], counter: TiktokenCounter) -> bool:
     return ok
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_door_option(parser)
+    door = parser.parse_args(argv).door
     if not (DATA / "tau-airline-dev.json").exists() or not (DATA / "locomo-dev.json").exists():
         print(f"skipped: the datasets are not in {DATA}")
         return 0
     started = time.perf_counter()
     counter = TiktokenCounter("gpt-4o")
     tau, locomo = load("tau-airline-dev.json"), load("locomo-dev.json")
+    if door != "openai":
+        tau = [through(door, c) for c in tau]
+        locomo = [through(door, c) for c in locomo]
+        print(f"door: {door} (each conversation read by its door's view: bench/door.py)")
     for name, conversations, policies in (
         (f"tau-airline-dev ({len(tau)} conversations)", tau, [*POLICIES, CLIPPING]),
         (f"locomo-dev ({len(locomo)} conversations)", locomo, POLICIES),
     ):
-        rows = [(label, replay(conversations, spec, counter)) for label, spec in policies]
+        rows = [(label, replay(conversations, spec, counter, door)) for label, spec in policies]
         print_table(name, rows)
     baselines = [
         (label, spec, budget_limit(spec, None, 0) if isinstance(spec, TrimSpec) else None)

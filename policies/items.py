@@ -52,7 +52,7 @@ from typing import Any
 
 from policies.apply import passthrough, with_masks
 from policies.mask import mask_view, output_placeholder
-from policies.transcript import message_text
+from policies.transcript import SUMMARY_HEADER, message_text
 from policies.trim import Layout, clip_tool_result, mask_candidates, trim_units
 from policies.types import (
     Budget,
@@ -67,6 +67,8 @@ from policies.types import (
 
 PINNED_ROLES = frozenset({"system", "developer"})
 PINNED_TYPES = frozenset({"compaction"})
+# Items that stand for turns or ask for a fold: never a turn themselves.
+NOT_TURNS = frozenset({"compaction", "compaction_trigger"})
 # Calls the upstream rejects when unanswered (and outputs without their call).
 REPAIRED_PAIRS = {
     "function_call": "function_call_output",
@@ -84,6 +86,23 @@ def kind_of(item: Message) -> str:
 def role_of(item: Message) -> str | None:
     role = item.get("role")
     return role if kind_of(item) == "message" and isinstance(role, str) else None
+
+
+def is_summary(item: Message) -> bool:
+    """The proxy's own summary as a message (an expanded compaction item, stored as the
+    client's input was): never a conversation turn to summarize or recall."""
+    if role_of(item) != "user":
+        return False
+    content = item.get("content")
+    if isinstance(content, list):
+        content = content[0].get("text") if content and isinstance(content[0], dict) else None
+    return isinstance(content, str) and content.startswith(SUMMARY_HEADER)
+
+
+def recallable(item: Message) -> bool:
+    """Whether recall may quote ``item``: not the proxy's summary, not a compaction item
+    or trigger (they stand for turns; the turns themselves stay recallable)."""
+    return kind_of(item) not in NOT_TURNS and not is_summary(item)
 
 
 def item_layout(items: Sequence[Message]) -> Layout:
@@ -262,7 +281,8 @@ class ItemShape:
     Items that must stay together (a call and its output, an approval and its
     response, a reasoning run and the item after it) are one unit, with
     everything between them; any other item is a unit alone; system and
-    developer messages and compaction items are pinned (always forwarded).
+    developer messages and compaction items are pinned (always forwarded), and
+    so are the proxy's expanded summaries (never quoted: not turns).
     Built once per request from the list (as the policy's layout is).
     """
 
@@ -271,7 +291,7 @@ class ItemShape:
         kinds = [kind_of(item) for item in items]
         self._kinds = kinds
         self._pinned = [
-            role_of(item) in PINNED_ROLES or kind in PINNED_TYPES
+            role_of(item) in PINNED_ROLES or kind in PINNED_TYPES or is_summary(item)
             for item, kind in zip(items, kinds, strict=True)
         ]
         # Each item's unit: overlapping must-stay-whole spans merged.

@@ -93,6 +93,9 @@ class SummarizerSpec:
     prompt: str | None = None
     prompt_file: str | None = None
     timeout_s: float = 20.0
+    # Input tokens the summarizer model reads; None: the model's known window (unknown:
+    # no limit). A range past it is summarized in chunks (proxy/context/summary_chunks.py).
+    context_window: int | None = None
 
 
 @dataclass(frozen=True)

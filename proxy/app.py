@@ -27,8 +27,8 @@ from proxy.http.asgi import Endpoint
 from proxy.http.body import error_response
 from proxy.http.client_keys import ClientKeyGuard
 from proxy.http.guard import ErrorGuard
+from proxy.messages.compaction import messages_endpoint
 from proxy.messages.count import count_tokens
-from proxy.messages.pipeline import messages_endpoint
 from proxy.ops.admin import ROUTES as ADMIN_ROUTES
 from proxy.ops.expiry import Expiry
 from proxy.ops.health import Lifecycle, WarmUpGate, healthz, readyz

@@ -184,3 +184,46 @@ class ConfigErrors(ConfigError):
         if len(errors) > 1:
             lines = "\n".join(f"  {e}" for e in errors)
             self.args = (f"{len(errors)} problems:\n{lines}",)
+
+
+# What of an upstream's error body the request row and the log line keep: its
+# message, bounded (an error text may quote the request it failed on).
+UPSTREAM_MESSAGE_CHARS = 300
+
+
+def upstream_failure(status: int, body: bytes) -> UpstreamError | None:
+    """The error an upstream's 5xx answer carries, for the row and the log line.
+
+    The answer itself is relayed as it came; this only names the failure, so a
+    row never says ``error: null`` for one. Below 500: None (the client's own
+    request was refused, and the status says so).
+    """
+    if status < 500:
+        return None
+    message, code = _error_fields(body)
+    text = f"The upstream answered {status}: {message or 'no error message'}"
+    if len(text) > UPSTREAM_MESSAGE_CHARS:
+        text = text[: UPSTREAM_MESSAGE_CHARS - 3] + "..."
+    return UpstreamError(text, code=code or "upstream_error", status=status)
+
+
+def _error_fields(body: bytes) -> tuple[str | None, str | None]:
+    """An error body's message and code: OpenAI's shape, ``{"error": "..."}``, or
+    ``{"detail": ...}`` (FastAPI's); else the body's first bytes as text."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body[:UPSTREAM_MESSAGE_CHARS].decode("utf-8", "replace").strip()
+        return text or None, None
+    if not isinstance(data, dict):
+        return None, None
+    error = data.get("error", data.get("detail"))
+    if isinstance(error, dict):
+        message, code = error.get("message"), error.get("code") or error.get("type")
+        return (
+            message if isinstance(message, str) else None,
+            code if isinstance(code, str) else None,
+        )
+    if isinstance(error, str):
+        return error, None
+    return None, None

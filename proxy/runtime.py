@@ -11,9 +11,11 @@ from proxy.context.calibration import Calibration
 from proxy.context.message_cache import MessageCache
 from proxy.context.recall import RecallService
 from proxy.context.rewriter import Rewriter
+from proxy.context.server_tokens import ServerTokens
 from proxy.context.stable_prefix import KEY_BYTES, StablePrefixes
 from proxy.context.summaries import SummaryService
 from proxy.context.tokens import set_count_budget
+from proxy.context.windows import ContextWindows
 from proxy.coordination.base import Coordinator
 from proxy.coordination.base import SessionLocks as CoordinatedLocks
 from proxy.coordination.local import LocalCoordinator
@@ -89,6 +91,12 @@ class Runtime:
     background: Background = field(default_factory=Background)
     metrics: Metrics = field(default_factory=Metrics)
     calibration: Calibration = field(default_factory=Calibration)
+    # Context windows of the models behind each upstream (config, model map, server).
+    windows: ContextWindows = field(default_factory=ContextWindows)
+    # A local server's own token counts, for streams that report no usage.
+    server_tokens: ServerTokens = field(default_factory=ServerTokens)
+    # Upstreams whose model list was asked for (once each; see Calibration.serves).
+    models_asked: set[str] = field(default_factory=set)
     # Each session's last messages, hashed and counted (a resent history is not done again).
     messages: MessageCache = field(default_factory=MessageCache)
     # Each session's stored chain as checked and counted last (history: server).
@@ -117,7 +125,8 @@ class Runtime:
         self.prefixes.max_keys = max(1, budget.prefixes // KEY_BYTES)
         set_count_budget(budget.counts)
         self.router = Router(self.config)
-        self.rewriter = Rewriter(self.config.policies, self.calibration.factor)
+        self.windows.upstreams = self.config.upstreams
+        self.rewriter = Rewriter(self.config.policies, self.calibration.factor, self.windows.window)
         self.calibration.register(self.metrics.registry)
         self.locks = self.coordinator.locks
         self.summaries = SummaryService(
@@ -219,7 +228,8 @@ class Runtime:
         )
         self.config = config
         self.router = Router(config)
-        self.rewriter = Rewriter(config.policies, self.calibration.factor)
+        self.windows.upstreams = config.upstreams
+        self.rewriter = Rewriter(config.policies, self.calibration.factor, self.windows.window)
         self.upstreams = upstreams
         self.start_embeddings()
         self.generation += 1

@@ -24,6 +24,9 @@ from tests.fakes.responses import FakeResponses  # noqa: E402
 from tests.fakes.upstream import FakeUpstream  # noqa: E402
 from tests.harness import AiohttpServer, LoopThread, ProxyServer, make_config  # noqa: E402
 
+# The real llama.cpp server (llama-cpp-python with Gemma 3 270M), started once when asked for.
+from tests.llama_server import llama_server, startup_line  # noqa: E402, F401
+
 # The store contract tests' fixtures: `store` (every backend) and `clock`; the
 # PostgreSQL schemas of the run are dropped at its end.
 from tests.stores import clock, postgres_schemas, store  # noqa: E402, F401
@@ -85,3 +88,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section(f"{len(skipped)} tests skipped: ../shared/data is absent")
         for nodeid in skipped:
             terminalreporter.line(nodeid)
+    started = startup_line()
+    if started is not None:
+        terminalreporter.section("real inference server")
+        terminalreporter.line(started)

@@ -8,7 +8,11 @@ add for the route's upstream (see :mod:`proxy.upstream.cache_hints`):
   unless the client sent one, the request has no session, or the upstream
   says ``cache: {prompt_cache_key: off}``;
 - a Claude model behind litellm gets ``cache_control`` breakpoints at the
-  end of the policy's stable prefix, unless ``cache: {breakpoints: off}``.
+  end of the policy's stable prefix, unless ``cache: {breakpoints: off}``;
+- a llama.cpp server with ``cache: {slots: N}`` gets the session's ``id_slot``
+  (chat completions; unless the client sent one): llama.cpp keeps one prompt
+  cache per slot, and a session that always lands in its own slot finds its
+  prefix there instead of another session's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from policies.types import Decision, Message
 from proxy.config.model import UpstreamConfig
 from proxy.context.stable_prefix import StablePrefixes, forwarded_keys
 from proxy.store.base import SessionRef
-from proxy.upstream.cache_hints import is_anthropic, session_cache_key, with_breakpoints
+from proxy.upstream.cache_hints import (
+    is_anthropic,
+    session_cache_key,
+    session_slot,
+    with_breakpoints,
+)
 
 
 @dataclass(frozen=True)
@@ -34,10 +43,14 @@ class CacheHints:
     messages: list[Mapping[str, Any]] | None = None
     # Where breakpoints were placed (indexes into the forwarded messages).
     breakpoints: tuple[int, ...] = field(default_factory=tuple)
+    # The llama.cpp slot the session is pinned to (None: none sent).
+    id_slot: int | None = None
 
     @property
     def sent(self) -> bool:
-        return self.prompt_cache_key is not None or bool(self.breakpoints)
+        return (
+            self.prompt_cache_key is not None or bool(self.breakpoints) or self.id_slot is not None
+        )
 
     def detail(self) -> dict[str, Any]:
         """For the request row: what was sent (the key itself is a hash; no secret)."""
@@ -46,6 +59,8 @@ class CacheHints:
             out["prompt_cache_key"] = self.prompt_cache_key
         if self.breakpoints:
             out["breakpoints"] = list(self.breakpoints)
+        if self.id_slot is not None:
+            out["id_slot"] = self.id_slot
         return out
 
 
@@ -57,12 +72,20 @@ def cache_hints(
     ref: SessionRef | None,
     body: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
+    *,
+    slots: bool = False,
 ) -> CacheHints:
-    """The hints ``config``'s upstream gets for this request."""
+    """The hints ``config``'s upstream gets for this request (``slots``: a chat request,
+    which a llama.cpp server may be asked to keep in the session's slot)."""
     if config.base_url is not None:
-        if config.cache.prompt_cache_key == "off" or ref is None or "prompt_cache_key" in body:
+        if ref is None:
             return NO_HINTS
-        return CacheHints(prompt_cache_key=session_cache_key(ref.tenant, ref.key))
+        slot = None
+        if slots and config.cache.slots is not None and "id_slot" not in body:
+            slot = session_slot(ref.tenant, ref.key, config.cache.slots)
+        if config.cache.prompt_cache_key == "off" or "prompt_cache_key" in body:
+            return NO_HINTS if slot is None else CacheHints(id_slot=slot)
+        return CacheHints(prompt_cache_key=session_cache_key(ref.tenant, ref.key), id_slot=slot)
     if config.cache.breakpoints == "auto" and is_anthropic(config.litellm_model):
         marked, placed = with_breakpoints(messages, body.get("tools"))
         if placed:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.chat.record import ExchangeRecord
+from proxy.config.model import UpstreamConfig
 from proxy.context.tokens import counter_for
 from proxy.errors import ProxyError
 from proxy.http.sessions import content_hash
@@ -58,6 +59,8 @@ class ExchangeFinish(ExchangeRecord):
         record = self._record(status, upstream_status, usage, incomplete, error, total_ms)
         self._log(record)
         self._observe(record)
+        if self.stream and usage is None and reply is not None and record.status == 200:
+            self._count_answer(reply, record.tokens_after)
         self.rt.release()
         if self.route is None or self.ref is None:
             # Unrouted requests belong nowhere; session-less ones are proxied, not stored.
@@ -147,6 +150,31 @@ class ExchangeFinish(ExchangeRecord):
         embeddings = self.rt.recall.embeddings
         if embeddings is not None and not future.cancelled() and future.exception() is None:
             embeddings.stored(ref, conversation, reply, future.result())
+
+    def _count_answer(self, reply: dict[str, Any], forwarded: int | None) -> None:
+        """A stream without usage: its answer counted by the server, for calibration."""
+        text = reply.get("content")
+        if not isinstance(text, str) or self.route is None or not forwarded:
+            return
+        config = self.rt.config.upstreams[self.route.upstream]
+        if config.base_url is None or not self.rt.server_tokens.may_count(config.name):
+            return
+        self.rt.background.spawn(
+            self._calibrate(config, self.model or "", text, self.answered_as),
+            name=f"count-{self.id}",
+        )
+
+    async def _calibrate(
+        self, config: UpstreamConfig, model: str, text: str, answered_as: str | None
+    ) -> None:
+        said = await self.rt.server_tokens.count(config, model, text)
+        if said is None:
+            return
+        counter = counter_for(model)
+        local = counter.count_message({"role": "assistant", "content": text})
+        local -= counter.count_message({"role": "assistant", "content": ""})
+        calibration = self.rt.calibration
+        calibration.observe(calibration.learn(config.name, model, answered_as), local, said)
 
     def _written(self, started: float, future: asyncio.Future[Any]) -> None:
         """``_write``'s ending, for a write the store queued itself."""

@@ -23,11 +23,12 @@ from proxy.chat.policy_step import choose_mode, mode_rule, summarize
 from proxy.chat.recall_step import recall_step, spec_recall
 from proxy.chat.relay import ExchangeRelay
 from proxy.context.message_cache import item_counter, message_in
+from proxy.context.rewriter import needs_window
 from proxy.context.tokens import LONG_TEXT, counter_for
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.http.asgi import respond
 from proxy.http.body import error_response, forward_headers, parse_object, read_body
-from proxy.http.session_lookup import find_session
+from proxy.http.session_lookup import find_session, session_hint
 from proxy.http.sessions import session_ref
 from proxy.http.shape import (
     MAX_DEPTH,
@@ -90,9 +91,10 @@ class ChatExchange(ExchangeRelay):
 
     def _resent_body(self) -> dict[str, Any] | None:
         """The body, when it is its session's last one continued: only the new part parsed
-        (proxy/http/resent_body.py). Only a session named by its header is known before
-        the body is read; plan() checks the id as for any other request."""
-        key = self.headers.get(self.rt.config.session.header.lower())
+        (proxy/http/resent_body.py). The session is the one the headers (or the bytes'
+        prompt_cache_key) name, a hint (proxy/http/session_lookup.py); plan() finds it
+        from the parsed body as for any other request."""
+        key = session_hint(self.rt.config.session, self.headers, self.raw)
         if not key or not self.may_store:
             return None
         body = self.rt.messages.resent_body(SessionRef(self.tenant, key), self.raw)
@@ -118,6 +120,8 @@ class ChatExchange(ExchangeRelay):
         found = find_session(rt.config.session, self.headers, body)
         self.key, self.session_source = found.key, found.source
         self.ref = session_ref(self.tenant, self.key) if self.may_store else None
+        # A door's own additions to the conversation, now that the session is known.
+        messages = await self._door_messages(messages)
         server_history = self.route.history == "server" and self.ref is not None
         # What the session's message cache knows of a client-held history: a
         # message it holds is the JSON of one checked, hashed and counted before.
@@ -191,6 +195,8 @@ class ChatExchange(ExchangeRelay):
         self.policy, self.mode = choice.policy, choice.mode
         self.mode_rule = mode_rule(self.route, choice)
         spec = rt.rewriter.spec(self.policy)
+        if needs_window(spec):
+            await rt.windows.learn(self.route.upstream, model)  # once: a local server's n_ctx
         started = time.perf_counter()
         if isinstance(spec, SummarizeSpec):
             self.decision, self.summary, self.summary_ctx = await summarize(
@@ -216,6 +222,7 @@ class ChatExchange(ExchangeRelay):
                 counts=counts,
                 memo=rt.summaries.memo,
                 ref=self.ref,
+                upstream=self.route.upstream,
             )
         # A door's own context features over the policy's decision (Anthropic's edits).
         self.decision = self._door_decision(self.decision)
@@ -239,6 +246,11 @@ class ChatExchange(ExchangeRelay):
             )
         return self.decision
 
+    async def _door_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as the door's own features make it (chat has none): route,
+        model and session are known here (Anthropic's compaction: proxy/messages/compaction.py)."""
+        return messages
+
     def _door_decision(self, decision: Decision) -> Decision:
         """The decision as the door's own features leave it (chat has none)."""
         return decision
@@ -247,7 +259,9 @@ class ChatExchange(ExchangeRelay):
         rt = self.rt
         assert self.route is not None and self.decision is not None  # plan() ran
         upstream_config = rt.config.upstreams[self.route.upstream]
-        self.cache = cache_hints(upstream_config, self.ref, body, self.decision.messages)
+        self.cache = cache_hints(
+            upstream_config, self.ref, body, self.decision.messages, slots=True
+        )
         forwarded = self._forward_body(body)
         upstream = rt.upstreams[self.route.upstream]
         sent = time.perf_counter()
@@ -271,13 +285,17 @@ class ChatExchange(ExchangeRelay):
     def _forward_body(self, body: dict[str, Any]) -> bytes:
         assert self.decision is not None
         key = self.cache.prompt_cache_key if self.cache is not None else None
+        slot = self.cache.id_slot if self.cache is not None else None
         if not self.decision.changed and self.conversation is body["messages"]:
             # The client's bytes are sacred: nothing changed, so forward them as they
-            # came (with the session's prompt_cache_key, the one documented addition).
-            return self.raw if key is None else splice_field(self.raw, "prompt_cache_key", key)
+            # came (with the session's cache hints, the documented additions).
+            raw = self.raw if key is None else splice_field(self.raw, "prompt_cache_key", key)
+            return raw if slot is None else splice_field(raw, "id_slot", slot)
         out = {**body, "messages": self.decision.messages}
         if key is not None:
             out["prompt_cache_key"] = key
+        if slot is not None:
+            out["id_slot"] = slot
         return orjson.dumps(out)
 
 

@@ -9,6 +9,7 @@ trimming fallback); any other policy through the rewriter, as before.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,9 +78,13 @@ async def summarize(
 
     ``counts``: the conversation's token counts (a session's message cache has them).
     """
+    if spec.placement == "system" and rt.config.upstreams[route.upstream].system_messages != "all":
+        # Its template would not show the model a summary in a later system message:
+        # a user/assistant pair reaches it on any template.
+        spec = dataclasses.replace(spec, placement="pair")
     count = rt.rewriter.counter(conversation, model, hashes, counts=counts)
     tokens = conversation_tokens(spec, conversation, count, counts)
-    budget, factor = rt.rewriter.budget(spec, body, model, tokens=tokens)
+    budget, factor = rt.rewriter.budget(spec, body, model, tokens=tokens, upstream=route.upstream)
     # The client's key and API version, for a summarizer on its upstream.
     auth = {
         k: headers[k] for k in ("authorization", "x-api-key", "anthropic-version") if k in headers

@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.chat.recall_step import recall_log_fields
 from proxy.chat.state import ExchangeState
+from proxy.context.windows import listed_models
 from proxy.errors import ProxyError
 from proxy.store.base import RequestRecord
 from proxy.telemetry.cache_usage import cache_usage
@@ -119,7 +120,35 @@ class ExchangeRecord(ExchangeState):
         )
         if r.upstream_status == 200 and r.usage is not None:
             # What was forwarded (messages plus tools and priming) vs what was billed.
-            self.rt.calibration.observe_usage(r.model, r.tokens_after, r.usage)
+            self.rt.calibration.observe_usage(
+                r.model,
+                r.tokens_after,
+                r.usage,
+                upstream=self.route.upstream if self.route is not None else None,
+                answered_as=self.answered_as,
+            )
+            if self.route is not None and self.rt.calibration.ambiguous(self.route.upstream):
+                self._ask_served_models(self.route.upstream)
+
+    def _ask_served_models(self, upstream: str) -> None:
+        """Once per upstream, in the background: the models it lists (calibration's key).
+
+        Asked when an upstream has answered as two models: a server that echoes each
+        name it is sent (llama-cpp-python) may still serve one."""
+        asked = self.rt.models_asked
+        if upstream in asked:
+            return
+        asked.add(upstream)
+        config = self.rt.config.upstreams[upstream]
+        if config.base_url is None:
+            return
+
+        async def ask() -> None:
+            listed = await listed_models(config)
+            if listed is not None:
+                self.rt.calibration.serves(upstream, listed)
+
+        self.rt.background.spawn(ask(), name=f"models-{upstream}")
 
     def _log(self, r: RequestRecord) -> None:
         # A 5xx is the proxy's or the upstream's failure: warning, so alerts can key on level.
@@ -162,7 +191,7 @@ class ExchangeRecord(ExchangeState):
 
 
 def compaction_log_fields(detail: dict[str, Any]) -> dict[str, Any]:
-    """The log line's word on a compaction (Responses: docs/compaction.md), when there was one."""
+    """The log line's word on a compaction (docs/guides/compaction.md), when there was one."""
     compaction = detail.get("compaction")
     if not isinstance(compaction, dict):
         return {}

@@ -16,7 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from proxy.chat.finish import ExchangeFinish
 from proxy.chat.stream import ChatReplyAssembler, ReplyAssembler, reply_from_completion
 from proxy.context.tokens import LONG_TEXT, counter_for
-from proxy.errors import ProxyError, UpstreamError
+from proxy.errors import ProxyError, UpstreamError, upstream_failure
 from proxy.http.body import error_response, relay_headers
 from proxy.http.shape import valid_reply
 from proxy.upstream.base import UpstreamResponse
@@ -62,14 +62,16 @@ class ExchangeRelay(ExchangeFinish):
             self.after = finish
         return out
 
-    @staticmethod
     def _whole_reply(
-        status: int, content: bytes
+        self, status: int, content: bytes
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, UpstreamError | None]:
         """A whole answer's reply, usage, and why a 200 is not an answer (if it is not)."""
         if status != 200:
-            return None, None, None
-        reply, usage = reply_from_completion(content)
+            # Relayed as it came; a 5xx's error is named in the row and the log line.
+            return None, None, upstream_failure(status, content)
+        completion = reply_from_completion(content)
+        reply, usage = completion.message, completion.usage
+        self.answered_as = completion.model
         if reply is None or not valid_reply(reply):
             # Relayed as it came, but not an answer: the user message is not
             # stored as if it had been answered; the row says why.
@@ -168,6 +170,7 @@ class ExchangeRelay(ExchangeFinish):
     ) -> asyncio.Future[Any] | None:
         """Record a relayed stream: whole, cut short (stored, marked), or malformed (not:
         the client was sent an error instead of the end marker)."""
+        self.answered_as = assembler.model
         malformed = assembler.malformed > 0
         if malformed and error is None:
             error = assembler.unfinished()

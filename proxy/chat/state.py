@@ -66,6 +66,8 @@ class ExchangeState:
         # The session lock's fencing token (shared stores check it; proxy/coordination/).
         self.fence: int | None = None
         self.upstream_ms: float | None = None
+        # The model the upstream's answer names (calibration is kept per answering model).
+        self.answered_as: str | None = None
         self.policy_s: float | None = None
         self.raw = b""
         self.hashes: list[str] | None = None

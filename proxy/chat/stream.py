@@ -6,6 +6,7 @@ a copy, so a malformed or unknown event never disturbs the relay.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -20,6 +21,8 @@ class ReplyAssembler(Protocol):
     malformed: int
     # The door's end marker arrived (chat: data: [DONE]; Messages: message_stop).
     done: bool
+    # The model the answer names (None until it does).
+    model: str | None
 
     def feed(self, chunk: bytes) -> None: ...
 
@@ -85,10 +88,16 @@ class ChatReplyAssembler:
         self._parser = SSEParser()
         self._content: list[str] = []
         self._refusal: list[str] = []
-        self._tool_calls: dict[int, dict[str, Any]] = {}
+        # By (index, n): the n-th call streamed under that index. OpenAI gives each
+        # call its own index; Ollama streams every call whole under index 0, each
+        # with its own id, so a new id at a used index is a new call.
+        self._tool_calls: dict[tuple[int, int], dict[str, Any]] = {}
+        self._latest: dict[int, tuple[int, int]] = {}
         self._size = 0
         self._max_bytes = max_bytes
         self.usage: dict[str, Any] | None = None
+        # The model the chunks name (the one that answered).
+        self.model: str | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.chunks = 0
@@ -123,6 +132,8 @@ class ChatReplyAssembler:
 
     def _event(self, event: dict[str, Any]) -> None:
         self.chunks += 1
+        if self.model is None and isinstance(event.get("model"), str):
+            self.model = event["model"]
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         choices = event.get("choices") or []
@@ -160,29 +171,39 @@ class ChatReplyAssembler:
                 self.malformed += 1
 
     def _tool_call(self, call: dict[str, Any]) -> None:
-        index = call.get("index", len(self._tool_calls))
+        index = call.get("index", len(self._latest))
         if not isinstance(index, int) or isinstance(index, bool):
             self.malformed += 1
             return
-        slot = self._tool_calls.setdefault(
-            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        )
-        if isinstance(call.get("id"), str) and call["id"]:
-            slot["id"] = call["id"]
+        key = self._latest.get(index)
+        call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] else None
+        if key is None or (
+            call_id is not None and self._tool_calls[key]["id"] not in (None, call_id)
+        ):
+            key = (index, 0 if key is None else key[1] + 1)
+            self._latest[index] = key
+            self._tool_calls[key] = {
+                "id": None,
+                "type": "function",
+                "function": {"name": "", "arguments": ""},
+            }
+        slot = self._tool_calls[key]
+        if call_id is not None:
+            slot["id"] = call_id
         if isinstance(call.get("type"), str) and call["type"]:
             slot["type"] = call["type"]
         fn = call.get("function") or {}
         if not isinstance(fn, dict):
             self.malformed += 1
             return
-        for key in ("name", "arguments"):
-            value = fn.get(key)
+        for field in ("name", "arguments"):
+            value = fn.get(field)
             if isinstance(value, str) and value:
                 self._size += len(value)
                 if self._size > self._max_bytes:
                     self.truncated = True
                     return
-                slot["function"][key] += value
+                slot["function"][field] += value
 
     @property
     def size(self) -> int:
@@ -203,11 +224,12 @@ class ChatReplyAssembler:
         return msg
 
 
-def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
+def unfinished(assembler: ReplyAssembler, marker: str = "data: [DONE]") -> UpstreamError | None:
     """Why a stream that has ended is not a whole answer, or None if it is one.
 
     The client must be told in-stream: the openai SDK does not raise on a
-    missing ``[DONE]``, so a stream that simply stops reads as a whole answer.
+    missing ``[DONE]`` (nor does a client of any door on a stream that simply
+    stops), so such a stream reads as a whole answer. ``marker``: the door's end.
     """
     if assembler.errored:
         return UpstreamError(
@@ -220,7 +242,7 @@ def unfinished(assembler: ChatReplyAssembler) -> UpstreamError | None:
         )
     if not assembler.done:
         return UpstreamError(
-            "The upstream's stream ended without its end marker (data: [DONE]):"
+            f"The upstream's stream ended without its end marker ({marker}):"
             " the answer may be cut short.",
             code="upstream_stream_incomplete",
         )
@@ -235,17 +257,34 @@ def before_done(chunk: bytes) -> bytes:
     return chunk[:start] if start >= 0 else chunk
 
 
-def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The assistant message of choice 0 and the usage of a chat.completion body."""
+@dataclass(frozen=True)
+class Completion:
+    """What a chat.completion body says: choice 0's message, usage, the model that answered."""
+
+    message: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+
+
+def reply_from_completion(body: bytes) -> Completion:
+    """The assistant message of choice 0, the usage and the model of a chat.completion body."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None
+        return Completion()
     if not isinstance(data, dict):
-        return None, None
+        return Completion()
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+    model = data.get("model") if isinstance(data.get("model"), str) else None
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None, usage
+        return Completion(None, usage, model)
     message = choices[0].get("message")
-    return (dict(message) if isinstance(message, dict) else None), usage
+    finish = choices[0].get("finish_reason")
+    return Completion(
+        dict(message) if isinstance(message, dict) else None,
+        usage,
+        model,
+        finish if isinstance(finish, str) else None,
+    )

@@ -14,7 +14,7 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -164,6 +164,9 @@ def _upstream_at(name: str, raw: Any) -> UpstreamConfig:
             "responses",
             "cache",
             "api",
+            "system_messages",
+            "context_window",
+            "context_windows",
         },
     )
     return _upstream(name, node)
@@ -199,9 +202,37 @@ def _upstream(name: str, node: Node) -> UpstreamConfig:
         connect_timeout_s=node.number("connect_timeout_s", 10.0) or 10.0,
         headers=node.str_map("headers"),
         responses="bridge" if responses == "bridge" else "native",
-        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key"})),
+        cache=_cache(node.child("cache", {"breakpoints", "prompt_cache_key", "slots"})),
         api="anthropic" if api == "anthropic" else "openai",
+        system_messages=_system_messages(node),
+        context_window=node.integer("context_window", minimum=1),
+        context_windows=_context_windows(node),
     )
+
+
+def _system_messages(node: Node) -> Literal["all", "first", "none"]:
+    value = node.text("system_messages", "all")
+    if value == "first":
+        return "first"
+    if value == "none":
+        return "none"
+    if value != "all":
+        node.bad("system_messages", f"must be all, first or none, got {value!r}")
+    return "all"
+
+
+def _context_windows(node: Node) -> dict[str, int]:
+    raw = node.raw("context_windows") or {}
+    if not isinstance(raw, Mapping):
+        node.bad("context_windows", f"must be a mapping of model names to tokens, got {raw!r}")
+        return {}
+    windows = Node(node.at("context_windows"), raw, {str(k) for k in raw})
+    out: dict[str, int] = {}
+    for model in raw:
+        tokens = windows.integer(str(model), minimum=1)
+        if tokens is not None:
+            out[str(model)] = tokens
+    return out
 
 
 def _cache(node: Node) -> CacheConfig:
@@ -214,6 +245,7 @@ def _cache(node: Node) -> CacheConfig:
     return CacheConfig(
         breakpoints="off" if breakpoints == "off" else "auto",
         prompt_cache_key="off" if key == "off" else "session",
+        slots=node.integer("slots", minimum=1),
     )
 
 

@@ -52,7 +52,7 @@ class ServerConfig:
 class AgentSessions:
     """Session ids that known clients send of their own accord, read without configuration
     when neither the configured header nor a fallback names the session
-    (proxy/http/session_lookup.py, docs/agents-sessions.md). Each can be switched off."""
+    (proxy/http/session_lookup.py, docs/guides/agents-sessions.md). Each can be switched off."""
 
     # Codex CLI: the ``session-id`` header (``session_id`` before 0.1xx), then ``thread-id``.
     codex: bool = True
@@ -112,6 +112,9 @@ class CacheConfig:
     breakpoints: Literal["auto", "off"] = "auto"
     # "session": a prompt_cache_key per session for OpenAI-compatible upstreams.
     prompt_cache_key: Literal["session", "off"] = "session"
+    # A llama.cpp server's slots (its --parallel): each session is pinned to one
+    # (``id_slot``), so another session's prompt never evicts its cached prefix.
+    slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,17 @@ class UpstreamConfig:
         """Whether /v1/messages goes to this upstream as it came (no translation)."""
         return self.api == "anthropic" and self.base_url is not None
 
+    # How the model's chat template treats system messages: "all" reach it
+    # (OpenAI, Anthropic, most templates); "first": only a leading one does
+    # (llama-cpp-python's default formats); "none": all are dropped (its gemma
+    # format). Below "all", summaries go as a user/assistant pair and the
+    # summarizer's instructions in its user message (docs/guides/local-models.md).
+    system_messages: Literal["all", "first", "none"] = "all"
+    # Input tokens the models it serves accept: one figure for all, or per model
+    # name (None: the model map's, else what the server itself says, when it says).
+    context_window: int | None = None
+    context_windows: Mapping[str, int] = field(default_factory=dict)
+
 
 @dataclass(frozen=True)
 class RouteMatch:
@@ -163,7 +177,7 @@ class RouteConfig:
     modes: ModesConfig | None = None
     # Who answers compaction (a compaction_trigger, /v1/responses/compact,
     # context_management): "auto" passes it to OpenAI's own API and answers it in
-    # the proxy for every other upstream (docs/compaction.md).
+    # the proxy for every other upstream (docs/guides/compaction.md).
     compaction: Literal["auto", "proxy", "upstream", "off"] = "auto"
     # Who writes the proxy's compaction summaries (default: the request's model
     # on the route's upstream; the offline extractive summary when it fails).

@@ -115,7 +115,7 @@ SESSION = obj(
         },
         "agents": {
             "description": "Session ids known clients send themselves, read when the header and "
-            "the fallbacks name none (docs/agents-sessions.md); false: none of them.",
+            "the fallbacks name none (docs/guides/agents-sessions.md); false: none of them.",
             "anyOf": [
                 {"type": "boolean"},
                 obj(
@@ -238,6 +238,19 @@ UPSTREAM = obj(
             "openai",
             "anthropic",
         ),
+        "system_messages": choice(
+            "Which system messages its chat template shows the model: all, the first, or none "
+            "(below all, summaries go as a user/assistant pair).",
+            "all",
+            "first",
+            "none",
+        ),
+        "context_window": integer("Input tokens every model it serves accepts.", 1),
+        "context_windows": {
+            "type": "object",
+            "description": "Input tokens per model name it serves.",
+            "additionalProperties": integer("Input tokens.", 1),
+        },
         "cache": obj(
             "Prompt-cache hints the proxy adds.",
             {
@@ -248,6 +261,9 @@ UPSTREAM = obj(
                 ),
                 "prompt_cache_key": choice(
                     "session: a prompt_cache_key per session (OpenAI-compatible).", "session", "off"
+                ),
+                "slots": integer(
+                    "A llama.cpp server's slots (--parallel): each session keeps one (id_slot).", 1
                 ),
             },
         ),
@@ -283,6 +299,11 @@ SUMMARIZER = obj(
         "max_tokens": integer("The summary's length.", 16),
         "prompt_file": text("Instructions replacing the built-in prompt; relative to this file."),
         "timeout_s": number("Longest wait; then the request is trimmed instead."),
+        "context_window": integer(
+            "Input tokens the summarizer model reads (default: the model's known window); "
+            "a longer range is summarized in chunks.",
+            256,
+        ),
     },
 )
 

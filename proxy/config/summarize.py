@@ -39,7 +39,9 @@ SUMMARIZE_KEYS = frozenset(
         "recall",
     }
 )
-SUMMARIZER_KEYS = frozenset({"model", "upstream", "max_tokens", "prompt_file", "timeout_s"})
+SUMMARIZER_KEYS = frozenset(
+    {"model", "upstream", "max_tokens", "prompt_file", "timeout_s", "context_window"}
+)
 
 
 def summarize_policy(node: Node, base_dir: Path, upstreams: Mapping[str, Any]) -> SummarizeSpec:
@@ -140,6 +142,7 @@ def _summarizer(
         prompt=prompt,
         prompt_file=prompt_file,
         timeout_s=node.number("timeout_s", d.timeout_s) or d.timeout_s,
+        context_window=node.integer("context_window", d.context_window, minimum=256),
     )
 
 

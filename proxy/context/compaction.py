@@ -24,8 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.compaction import NEXT_TURN, compaction_spec
-from policies.summarize import plan
+from policies.compaction import compaction_spec, fold
 from policies.transcript import transcript
 from policies.types import Budget, CountFn, Message, SummarizerSpec, SummaryState, SummaryTask
 from proxy.context.compaction_item import CompactionPayload, make_item
@@ -38,12 +37,12 @@ from proxy.context.summarizer import (
     SummaryOutput,
     SummaryRequest,
 )
+from proxy.context.summary_chunks import summarize_range
 from proxy.store.base import SessionRef, Store, chain_path_hashes
 from proxy.telemetry.logging import get_logger
 
 log = get_logger()
 
-NEXT_TURN_HASH = "ctxproxy:next-turn"
 NOTHING = "Nothing was said before this point."
 
 
@@ -80,6 +79,8 @@ class Compaction:
     # Items the summary covers, and whether it extended an earlier one.
     covered: int = 0
     incremental: bool = False
+    # Items new to this summary (those after what the extended one covered).
+    new_items: int = 0
     usage: dict[str, Any] | None = field(default=None)
 
     def detail(self) -> dict[str, Any]:
@@ -89,6 +90,7 @@ class Compaction:
             "item_id": self.item["id"],
             "covered_items": self.covered,
             "incremental": self.incremental,
+            "new_items": self.new_items,
             "summary_chars": len(self.payload.summary),
         }
         for key, value in (
@@ -104,14 +106,13 @@ class Compaction:
 
 async def compact(service: SummaryService, given: CompactionInput) -> Compaction:
     """The compaction item for ``given``'s conversation (always one; see the module docstring)."""
-    messages = [*given.items, NEXT_TURN]
-    hashes = [*given.hashes, NEXT_TURN_HASH]
+    messages, hashes = given.items, given.hashes
     spec = compaction_spec(given.summarizer_spec)
     paths = chain_path_hashes(hashes)
-    states = await service.states(given.ref, paths) if given.ref is not None else []
+    states = await service.states(given.ref, paths) if given.ref is not None and paths else []
     if given.previous is not None:
         states.append(given.previous)
-    planned = plan(messages, spec, given.count, Budget(), states)
+    planned = fold(messages, given.summarizer_spec, given.count, states)
     task = planned.task
     if task is None:
         reused = planned.reused
@@ -149,6 +150,7 @@ async def compact(service: SummaryService, given: CompactionInput) -> Compaction
             fallback=fallback,
             wait_ms=wait_ms,
             incremental=incremental,
+            new_items=len(task.source),
             model=model,
         )
 
@@ -189,11 +191,19 @@ async def _unstored(
     if not service.breaker.allow(given.route):
         return SummaryFailed("unavailable", "the circuit is open")
     summarizer = given.summarizer()
-    request = _request(given, messages, task)
+    shown = viewed(messages, task.source, given.view)
+    previous = task.previous.text if task.previous is not None else None
+    making = summarize_range(
+        summarizer,
+        given.summarizer_spec,
+        previous,
+        shown,
+        task.source,
+        task.max_tokens,
+        given.count,
+    )
     try:
-        output = await asyncio.wait_for(
-            summarizer.summarize(request), given.summarizer_spec.timeout_s
-        )
+        output = await asyncio.wait_for(making, given.summarizer_spec.timeout_s)
     except TimeoutError:
         service.breaker.failure(given.route)
         return SummaryFailed("timeout", "the compaction stopped waiting")
@@ -236,6 +246,7 @@ def _answer(
     fallback: str | None = None,
     wait_ms: float | None = None,
     incremental: bool = False,
+    new_items: int = 0,
     model: str | None = None,
 ) -> Compaction:
     payload = CompactionPayload(
@@ -256,6 +267,7 @@ def _answer(
         wait_ms=wait_ms,
         covered=covered,
         incremental=incremental,
+        new_items=new_items,
     )
 
 

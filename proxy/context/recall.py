@@ -27,9 +27,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.fusion import fuse
+from policies.items import recallable
 from policies.modes import latest_user_text
 from policies.recall import Hit, Recalled, Shape, line_message, recall
 from policies.transcript import message_text
@@ -149,6 +150,36 @@ def _words_of_texts(texts: tuple[str, ...]) -> frozenset[str]:
     for text in texts:
         out |= words_of(text)
     return frozenset(out)
+
+
+class _Found(Protocol):
+    """A search or vector hit: a stored item at a position of the session's chain."""
+
+    @property
+    def position(self) -> int: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def item_id(self) -> int | None: ...
+    @property
+    def content_hash(self) -> str: ...
+
+
+def _candidates(
+    found: Sequence[_Found], conversation: Sequence[Message], hashes: Sequence[str]
+) -> list[Hit]:
+    """The hits that are this request's message at that position (a stored item of
+    another branch, or a position this request does not have, is not) and a turn:
+    never the proxy's own expanded summary or a compaction item (they stand for
+    turns that are themselves recallable)."""
+    n = len(conversation)
+    return [
+        Hit(h.position, h.score, h.item_id)
+        for h in found
+        if h.position < n
+        and hashes[h.position] == h.content_hash
+        and recallable(conversation[h.position])
+    ]
 
 
 class RecallService:
@@ -342,23 +373,11 @@ class RecallService:
             else []
         )
         near = await self._semantic(spec, ref, terms, text, before, outcome) if semantic else []
-        n = len(conversation)
-        # Only hits that are this request's message at that position (a stored
-        # item of another branch, or a position this request does not have, is not).
-        hits = [
-            Hit(h.position, h.score, h.item_id)
-            for h in found
-            if h.position < n and hashes[h.position] == h.content_hash
-        ]
+        hits = _candidates(found, conversation, hashes)
         if spec.expand and outcome.semantic != "used" and hits:
             hits = await self._expand(spec, ref, conversation, hashes, terms, hits, before)
         if outcome.semantic == "used":
-            close = [
-                Hit(h.position, h.score, h.item_id)
-                for h in near
-                if h.position < n and hashes[h.position] == h.content_hash
-            ]
-            hits = fuse(hits, close, spec.semantic_weight)
+            hits = fuse(hits, _candidates(near, conversation, hashes), spec.semantic_weight)
         outcome.candidates = len(hits)
         decision, outcome.recalled = recall(
             conversation,
@@ -393,14 +412,11 @@ class RecallService:
         if not words:
             return hits
         found = await self._index.search(ref, words, limit=spec.candidates, before=before)
-        n = len(conversation)
         merged = {h.index: h for h in hits}
-        for h in found:
-            if h.position >= n or hashes[h.position] != h.content_hash:
-                continue
-            was = merged.get(h.position)
+        for h in _candidates(found, conversation, hashes):
+            was = merged.get(h.index)
             score = EXPANSION_WEIGHT * h.score + (was.score if was is not None else 0.0)
-            merged[h.position] = Hit(h.position, score, h.item_id)
+            merged[h.index] = Hit(h.index, score, h.item_id)
         out = sorted(merged.values(), key=lambda h: (-h.score, -h.index))
         return out[: spec.candidates]
 

@@ -26,6 +26,11 @@ from proxy.errors import ContextLengthExceeded
 from proxy.store.base import SessionRef
 
 
+def needs_window(spec: PolicySpec) -> bool:
+    """Whether the policy's budget is a share of the model's context window."""
+    return isinstance(spec, TrimSpec) and spec.context_fraction is not None
+
+
 def reserved_for_answer(body: Mapping[str, Any]) -> int:
     """Tokens the request asks to keep for the answer (max_completion_tokens / max_tokens)."""
     for key in ("max_completion_tokens", "max_tokens"):
@@ -35,8 +40,12 @@ def reserved_for_answer(body: Mapping[str, Any]) -> int:
     return 0
 
 
-def _uncalibrated(model: str) -> float:
+def _uncalibrated(model: str, upstream: str | None = None) -> float:
     return 1.0
+
+
+def _mapped_window(model: str, upstream: str | None = None) -> int | None:
+    return context_window(model)
 
 
 def conversation_tokens(
@@ -65,17 +74,17 @@ class Rewriter:
     def __init__(
         self,
         policies: Mapping[str, PolicySpec],
-        calibration: Callable[[str], float] = _uncalibrated,
+        calibration: Callable[[str, str | None], float] = _uncalibrated,
+        windows: Callable[[str, str | None], int | None] = _mapped_window,
     ) -> None:
         self._policies = policies
-        # Upstream tokens per local token for a model (proxy.calibration).
+        # A model's context window behind an upstream (proxy.context.windows).
+        self._windows = windows
+        # Upstream tokens per local token for a model through an upstream (proxy.calibration).
         self._calibration = calibration
 
     def needs_model_info(self) -> bool:
-        return any(
-            isinstance(p, TrimSpec) and p.context_fraction is not None
-            for p in self._policies.values()
-        )
+        return any(needs_window(p) for p in self._policies.values())
 
     def decide(
         self,
@@ -88,6 +97,7 @@ class Rewriter:
         counts: Sequence[int] | None = None,
         memo: PlanMemo | None = None,
         ref: SessionRef | None = None,
+        upstream: str | None = None,
     ) -> Decision:
         """The policy's decision for one request.
 
@@ -102,7 +112,7 @@ class Rewriter:
         spec = self._policies[policy]
         count = self.counter(messages, model, keys, counts)
         tokens = conversation_tokens(spec, messages, count, counts)
-        budget, factor = self.budget(spec, body, model, tokens=tokens)
+        budget, factor = self.budget(spec, body, model, tokens=tokens, upstream=upstream)
         if memo is None or ref is None or keys is None or counts is None:
             return self._decide(messages, spec, count, budget, factor, counts)
         # Compared, never hashed; the spec is the same object from request to request.
@@ -160,22 +170,24 @@ class Rewriter:
         model: str,
         *,
         tokens: int | None = None,
+        upstream: str | None = None,
     ) -> tuple[Budget, float]:
         """The budget ``spec`` runs with for this request, and the calibration factor applied.
 
         ``tokens``: the conversation's count (:func:`conversation_tokens`), when
-        known. A conversation that fits the whole budget keeps all of it: the
-        recall reserve is not taken off (``Budget.spare`` instead), so a policy
-        with recall drops nothing earlier than the same policy without.
+        known; ``upstream``: where the request goes (calibration is per upstream). A
+        conversation that fits the whole budget keeps all of it: the recall reserve is
+        not taken off (``Budget.spare`` instead), so a policy with recall drops nothing
+        earlier than the same policy without.
         """
         counter = counter_for(model)
         limit: int | None = None
         if isinstance(spec, TrimSpec):
-            window = context_window(model) if spec.context_fraction is not None else None
+            window = self._windows(model, upstream) if spec.context_fraction is not None else None
             limit = budget_limit(spec, window, reserved_for_answer(body))
         elif isinstance(spec, SummarizeSpec):
             limit = limit_of(spec)
-        factor = self._calibration(model) if limit is not None else 1.0
+        factor = self._calibration(model, upstream) if limit is not None else 1.0
         if limit is not None and factor != 1.0:
             # The budget is in the upstream's tokens; the counts are local: convert
             # the budget, so counts stay what tiktoken says (and calibration stable).

@@ -38,7 +38,7 @@ from typing import Any
 
 from policies.facts import unsupported
 from policies.summarize import assemble, plan, prefetch
-from policies.transcript import message_text, transcript
+from policies.transcript import message_text
 from policies.types import (
     Budget,
     ContextTooLong,
@@ -62,8 +62,8 @@ from proxy.context.summarizer import (
     LLMSummarizer,
     Summarizer,
     SummaryFailed,
-    SummaryRequest,
 )
+from proxy.context.summary_chunks import summarize_range
 from proxy.context.summary_flight import Claim, claim_range
 from proxy.coordination.base import Flights
 from proxy.store.base import (
@@ -393,12 +393,14 @@ class SummaryService:
         fields["counted"] = summarizer.model != EXTRACTIVE_MODEL  # offline: never "down"
         previous = task.previous
         shown = viewed(ctx.messages, task.source, ctx.view)
-        output = await summarizer.summarize(
-            SummaryRequest(
-                previous=previous.text if previous is not None else None,
-                transcript=transcript(shown, task.source),
-                max_tokens=task.max_tokens,
-            )
+        output = await summarize_range(
+            summarizer,
+            ctx.spec.summarizer,
+            previous.text if previous is not None else None,
+            shown,
+            task.source,
+            task.max_tokens,
+            ctx.count,
         )
         if fields.pop("counted"):
             self.breaker.success(ctx.route)  # it answered (what follows is ours)
@@ -487,5 +489,11 @@ def build_summarizer(
         headers["anthropic-version"] = client_headers["anthropic-version"]
     kind = AnthropicSummarizer if config.anthropic else LLMSummarizer
     return kind(
-        upstreams[which], model=name, prompt=spec.prompt, timeout_s=spec.timeout_s, headers=headers
+        upstreams[which],
+        model=name,
+        prompt=spec.prompt,
+        timeout_s=spec.timeout_s,
+        headers=headers,
+        # A template that shows no system message would never show the instructions.
+        system=config.system_messages != "none",
     )

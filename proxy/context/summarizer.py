@@ -7,8 +7,12 @@ The LLM summarizer sends one chat completion (no stream; temperature 0 and
 :class:`~proxy.upstream.base.Upstream` the routes use, so an OpenAI-compatible
 upstream gets a plain POST to ``/chat/completions`` and a ``litellm_model``
 upstream is translated by litellm. Anything but a non-empty answer within the timeout is a
-:class:`SummaryFailed` with a reason (``timeout``, ``error``, ``empty``): the
-caller falls back to trimming and stores nothing.
+:class:`SummaryFailed` with a reason (``timeout``, ``error``, ``empty``), and so is
+an answer that is not a summary (:mod:`proxy.context.summary_check`: ``cut_off``
+at ``max_tokens``, or an ``echo`` of its input): the caller falls back to
+trimming and stores nothing. The instructions go in a system message, or, for
+an upstream whose chat template shows the model none
+(``system_messages: none``), at the head of the user message.
 
 The extractive summarizer needs no model: it keeps the first sentence of
 each message, newest last, within the token budget. It is deterministic, so
@@ -28,6 +32,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.context.model_info import completion_params
+from proxy.context.summary_check import check_summary
 from proxy.errors import ProxyError
 from proxy.upstream.base import Upstream, UpstreamRequest
 
@@ -86,7 +91,8 @@ class SummaryOutput:
 
 
 class SummaryFailed(Exception):
-    """No usable summary: ``reason`` is ``timeout``, ``error`` or ``empty``."""
+    """No usable summary: ``reason`` is ``timeout``, ``error``, ``empty``, ``cut_off``
+    or ``echo``."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -103,8 +109,13 @@ class Summarizer(Protocol):
         ...
 
 
-def request_messages(prompt: str, request: SummaryRequest) -> list[dict[str, str]]:
-    """The chat messages of a summarizer call: the instructions, then what to summarize."""
+def request_messages(
+    prompt: str, request: SummaryRequest, *, system: bool = True
+) -> list[dict[str, str]]:
+    """The chat messages of a summarizer call: the instructions, then what to summarize.
+
+    ``system``: the instructions in a system message; else ahead of the task in the
+    user message (a template that drops system messages still shows them)."""
     length = f"at most about {request.max_tokens} tokens"
     if request.previous:
         task = (
@@ -117,6 +128,8 @@ def request_messages(prompt: str, request: SummaryRequest) -> list[dict[str, str
             f"The conversation so far:\n<turns>\n{request.transcript}\n</turns>\n\n"
             f"Return the summary ({length})."
         )
+    if not system:
+        return [{"role": "user", "content": f"{prompt}\n{task}"}]
     return [{"role": "system", "content": prompt}, {"role": "user", "content": task}]
 
 
@@ -131,11 +144,14 @@ class LLMSummarizer:
         prompt: str | None = None,
         timeout_s: float = 20.0,
         headers: Mapping[str, str] | None = None,
+        system: bool = True,
     ) -> None:
         self.upstream = upstream
         self.model: str | None = model
         self.prompt = prompt or DEFAULT_PROMPT
-        self.prompt_hash = prompt_hash(self.prompt)
+        self.system = system
+        # The input format is part of the prompt's identity (stored with each summary).
+        self.prompt_hash = prompt_hash(self.prompt if system else f"user\n{self.prompt}")
         self.timeout_s = timeout_s
         self.headers = {**(headers or {}), "content-type": "application/json"}
         self.headers[SUMMARIZER_HEADER] = "1"
@@ -143,7 +159,7 @@ class LLMSummarizer:
     async def summarize(self, request: SummaryRequest) -> SummaryOutput:
         body = {
             "model": self.model,
-            "messages": request_messages(self.prompt, request),
+            "messages": request_messages(self.prompt, request, system=self.system),
             **completion_params(self.model or "", request.max_tokens),
             "stream": False,
         }
@@ -157,7 +173,11 @@ class LLMSummarizer:
             raise SummaryFailed(reason, exc.message) from exc
         if status != 200:
             raise SummaryFailed("error", f"the upstream answered {status}: {content[:200]!r}")
-        return self._parse(content)
+        output, finish_reason = self._parse(content)
+        verdict = check_summary(output.text, request.transcript, finish_reason)
+        if verdict.reason is not None:
+            raise SummaryFailed(verdict.reason, verdict.detail)
+        return output
 
     # Where the call goes below the upstream's base URL, and what it answers.
     path = "/chat/completions"
@@ -179,26 +199,30 @@ class LLMSummarizer:
         finally:
             await response.close()
 
-    def _text(self, data: Any) -> object:
-        """The answer's text (a chat completion's); raises a lookup or type error if none."""
-        message = data["choices"][0]["message"]
-        return message.get("content") if isinstance(message, dict) else None
+    def _answer(self, data: Any) -> tuple[object, object]:
+        """The answer's text and why it stopped, as a chat completion says (``length``: cut
+        off); raises a lookup or type error if it has none."""
+        choice = data["choices"][0]
+        message = choice["message"]
+        text = message.get("content") if isinstance(message, dict) else None
+        return text, choice.get("finish_reason")
 
-    def _parse(self, content: bytes) -> SummaryOutput:
+    def _parse(self, content: bytes) -> tuple[SummaryOutput, str | None]:
         try:
             data = orjson.loads(content)
-            text = self._text(data)
+            text, finish_reason = self._answer(data)
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise SummaryFailed("error", f"the answer is not {self.answer}") from exc
         if not isinstance(text, str) or not text.strip():
             raise SummaryFailed("empty", "the summarizer answered with no text")
         usage = data.get("usage")
         model = data.get("model")
-        return SummaryOutput(
+        output = SummaryOutput(
             text=text.strip(),
             model=model if isinstance(model, str) else self.model,
             usage=usage if isinstance(usage, dict) else None,
         )
+        return output, finish_reason if isinstance(finish_reason, str) else None
 
 
 class AnthropicSummarizer(LLMSummarizer):
@@ -211,17 +235,22 @@ class AnthropicSummarizer(LLMSummarizer):
     answer = "a message"
 
     def _call(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-        system, task = body["messages"]
-        call = {
+        messages = body["messages"]
+        call: dict[str, Any] = {
             "model": body["model"],
-            "system": system["content"],
-            "messages": [task],
+            "messages": [m for m in messages if m["role"] != "system"],
             "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 1024,
         }
+        system = [m["content"] for m in messages if m["role"] == "system"]
+        if system:
+            call["system"] = "\n\n".join(system)
         return call, {"anthropic-version": self.VERSION, **self.headers}
 
-    def _text(self, data: Any) -> object:
-        return "".join(b.get("text", "") for b in data["content"] if b.get("type") == "text")
+    def _answer(self, data: Any) -> tuple[object, object]:
+        text = "".join(b.get("text", "") for b in data["content"] if b.get("type") == "text")
+        # Anthropic's max_tokens stop is a chat completion's length: the summary was cut off.
+        stop = data.get("stop_reason")
+        return text, "length" if stop == "max_tokens" else stop
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")

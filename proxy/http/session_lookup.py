@@ -23,10 +23,17 @@ than a conversation; a deployment serving coding agents may drop it.)
 Every found id is checked the
 same way (length, control characters) and the source that named it is kept
 (``X-Context-Session-Source``, the log line).
+
+:func:`session_hint` names the session before the body is parsed (the
+headers in the same order, then the body's bytes for ``prompt_cache_key``):
+the chat pipeline picks whose kept body a resent body continues with it
+(proxy/http/resent_body.py), for sessions named by agents as for the
+configured header.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +49,9 @@ CLAUDE_CODE_SESSION = "x-claude-code-session-id"
 CLAUDE_CODE_AGENT = "x-claude-code-agent-id"
 # Between a Claude Code session id and a sub-agent's id in the sub-agent's session key.
 AGENT_SEPARATOR = "/agent/"
+_CACHE_KEY = b'"prompt_cache_key"'
+# The field with a plain string value (an escaped one is no hint: it is parsed whole).
+_CACHE_KEY_FIELD = re.compile(rb'"prompt_cache_key"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,33 @@ def find_session(
         if value is not None and value != "":
             return _checked(value, "prompt_cache_key", "prompt_cache_key")
     return NO_SESSION
+
+
+def session_hint(config: SessionConfig, headers: Mapping[str, str], raw: bytes) -> str | None:
+    """The session :func:`find_session` is expected to find, before ``raw`` is parsed: a
+    hint, never trusted. It picks whose kept body ``raw`` is compared with, byte for byte
+    (the comparison, not the hint, makes that parse exact: a wrong hint only misses), and
+    the session is then found from the parsed body as for any request.
+
+    The headers, in :func:`find_session`'s order (a configured body field, read only
+    once the body is parsed, may name another session: a miss); then the last
+    ``"prompt_cache_key"`` in the bytes (a top-level field after the messages is the
+    last, as a parse keeps it; one nested elsewhere is a miss). None: no hint.
+    """
+    try:
+        found = find_session(config, headers, {})
+    except InvalidRequest:
+        return None  # the parse and the lookup say what is wrong
+    if found.key is not None or not config.agents.prompt_cache_key:
+        return found.key
+    at = raw.rfind(_CACHE_KEY)
+    field = _CACHE_KEY_FIELD.match(raw, at) if at >= 0 else None
+    if field is None:
+        return None
+    try:
+        return field.group(1).decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _checked(value: object, param: str, source: str) -> FoundSession:

@@ -7,6 +7,8 @@ upstreams that do not speak Anthropic's API (an Anthropic upstream gets them as 
 - ``clear_thinking_20251015`` (``keep``: ``{"type": "thinking_turns", "value": N}`` or
   ``"all"``): thinking blocks left out of all but the newest N assistant turns that
   have them (Anthropic's default: 1).
+- ``compact_20260112`` (``trigger``, ``pause_after_compaction``, ``instructions``):
+  threshold compaction, read here and answered by proxy/messages/compaction.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ from proxy.messages.view import THINKING
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"
+COMPACT = "compact_20260112"
+# Anthropic's default trigger of compact_20260112 (input tokens).
+COMPACT_TRIGGER = 150_000
+
+
+@dataclass(frozen=True)
+class CompactEdit:
+    """A ``compact_20260112`` edit: compact past ``trigger`` input tokens."""
+
+    trigger: int = COMPACT_TRIGGER
+    # Answer with the compaction block alone (stop_reason "compaction"), nothing sampled.
+    pause: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,7 @@ class ContextEdits:
     tool_uses: ClearToolUses | None = None
     # Thinking turns kept (None: no clear_thinking edit; "all" reads as None too).
     thinking_turns: int | None = None
+    compact: CompactEdit | None = None
 
 
 NO_EDITS = ContextEdits()
@@ -63,6 +78,7 @@ def context_edits(body: Mapping[str, Any]) -> ContextEdits:
         raise _bad("context_management.edits", "must be an array of edits.")
     tool_uses: ClearToolUses | None = None
     thinking: int | None = None
+    compact: CompactEdit | None = None
     for i, edit in enumerate(edits):
         at = f"context_management.edits.{i}"
         kind = edit.get("type") if isinstance(edit, Mapping) else None
@@ -86,9 +102,17 @@ def context_edits(body: Mapping[str, Any]) -> ContextEdits:
             keep = edit.get("keep")
             if keep != "all":
                 thinking = _count(edit, "keep", "thinking_turns", 1, at)
+        elif kind == COMPACT:
+            assert isinstance(edit, Mapping)
+            pause = edit.get("pause_after_compaction", False)
+            if not isinstance(pause, bool):
+                raise _bad(f"{at}.pause_after_compaction", "must be a boolean.")
+            trigger = _count(edit, "trigger", "input_tokens", COMPACT_TRIGGER, at)
+            compact = CompactEdit(trigger=max(1, trigger), pause=pause)
         else:
-            raise _bad(f"{at}.type", f"must be {CLEAR_TOOL_USES} or {CLEAR_THINKING}.")
-    return ContextEdits(tool_uses, thinking)
+            kinds = f"{CLEAR_TOOL_USES}, {CLEAR_THINKING} or {COMPACT}"
+            raise _bad(f"{at}.type", f"must be {kinds}.")
+    return ContextEdits(tool_uses, thinking, compact)
 
 
 def clear_thinking(messages: Sequence[dict[str, Any]], keep: int) -> list[dict[str, Any]]:

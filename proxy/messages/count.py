@@ -28,7 +28,7 @@ from starlette.responses import Response
 from proxy.context.tokens import counter_for
 from proxy.errors import ProxyError
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
-from proxy.messages.pipeline import MessagesExchange
+from proxy.messages.compaction import CompactingMessages
 from proxy.runtime import Runtime
 from proxy.upstream.base import UpstreamRequest
 
@@ -36,7 +36,7 @@ from proxy.upstream.base import UpstreamRequest
 async def count_tokens(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     rt = runtime.pin()
-    exchange = MessagesExchange(rt, request)
+    exchange = CompactingMessages(rt, request)
     try:
         exchange.raw = await read_body(
             request, rt.config.server.max_body_bytes, rt.config.server.body_timeout_s

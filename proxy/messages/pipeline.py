@@ -28,7 +28,6 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from policies.tool_clearing import cleared
 from policies.types import Decision
@@ -37,8 +36,7 @@ from proxy.chat.pipeline import ChatExchange
 from proxy.chat.stream import ReplyAssembler
 from proxy.config.model import UpstreamConfig
 from proxy.context.tokens import counter_for
-from proxy.errors import Door, ProxyError, UpstreamError
-from proxy.http.asgi import respond
+from proxy.errors import Door, ProxyError, UpstreamError, upstream_failure
 from proxy.http.body import forward_headers, parse_object, read_body
 from proxy.messages.cache_marks import with_breakpoint
 from proxy.messages.context_edits import NO_EDITS, clear_thinking, context_edits
@@ -166,16 +164,18 @@ class MessagesExchange(ChatExchange):
     def _stream_error(self, error: ProxyError) -> bytes:
         return b"event: error\ndata: " + error.door_bytes("anthropic") + b"\n\n"
 
-    @staticmethod
     def _whole_reply(
-        status: int, content: bytes
+        self, status: int, content: bytes
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, UpstreamError | None]:
         if status != 200:
-            return None, None, None
+            # Relayed as it came; a 5xx's error is named in the row and the log line.
+            return None, None, upstream_failure(status, content)
         try:
             data = orjson.loads(content)
         except orjson.JSONDecodeError:
             data = None
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            self.answered_as = data["model"]  # calibration is kept per model that answered
         reply = reply_view(data) if isinstance(data, dict) else None
         usage = chat_usage(data.get("usage")) if isinstance(data, dict) else None
         if reply is None:
@@ -184,19 +184,3 @@ class MessagesExchange(ChatExchange):
             )
             return None, usage, invalid
         return reply, usage, None
-
-
-class Messages:
-    """The endpoint, a raw ASGI app (as chat completions: proxy/chat/pipeline.py)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt: Runtime = scope["app"].state.runtime
-        exchange = MessagesExchange(rt.pin(), Request(scope, receive, send))
-        response = await exchange.run()
-        try:
-            await respond(response, receive, send)
-        finally:
-            exchange.sent()
-
-
-messages_endpoint = Messages()

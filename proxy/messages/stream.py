@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.stream import SSEParser
+from proxy.chat.stream import SSEParser, unfinished
 from proxy.errors import UpstreamError
 from proxy.messages.view import chat_usage, reply_view
 
@@ -34,6 +34,8 @@ class MessageAssembler:
         self.done = False
         self.truncated = False
         self.error: dict[str, Any] | None = None
+        # The model that answered (message_start's), which calibration is kept under.
+        self.model: str | None = None
 
     def feed(self, chunk: bytes) -> None:
         for data in self._parser.feed(chunk):
@@ -52,6 +54,8 @@ class MessageAssembler:
         kind = event.get("type")
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self._message = dict(event["message"])
+            if isinstance(self._message.get("model"), str):
+                self.model = self._message["model"]
             self._usage.update(_dict(self._message.get("usage")))
         elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
             index = event.get("index")
@@ -111,24 +115,8 @@ class MessageAssembler:
         return self.error is not None
 
     def unfinished(self) -> UpstreamError | None:
-        """Why the ended stream is not a whole answer: the client is told in-stream, as on
-        the OpenAI door (an SDK reading a stream that simply stops takes it as whole)."""
-        if self.error is not None:
-            return UpstreamError(
-                "The upstream ended its stream with an error event.", code="upstream_stream_error"
-            )
-        if self.malformed:
-            return UpstreamError(
-                f"The upstream's stream had {self.malformed} malformed event(s).",
-                code="upstream_malformed_stream",
-            )
-        if not self.done:
-            return UpstreamError(
-                "The upstream's stream ended without its end event (message_stop):"
-                " the answer may be cut short.",
-                code="upstream_stream_incomplete",
-            )
-        return None
+        """Why the ended stream is not a whole answer (told in-stream, as on every door)."""
+        return unfinished(self, "message_stop")
 
     def before_end(self, chunk: bytes) -> bytes:
         """The part of ``chunk`` before its ``message_stop`` event (all of it, if that

@@ -5,7 +5,10 @@ messages; this door reads its content blocks into that model and writes the
 policy's decision back as content blocks:
 
 - ``system`` (a string or text blocks) becomes one system message: pinned,
-  never dropped; the client's own value is forwarded as it came.
+  never dropped; the client's own value is forwarded as it came. A system
+  message inside ``messages`` (the API's mid-conversation system turns, which
+  Claude Code sends every request) stays a system message in its place: pinned
+  too, and written back as it came.
 - A user message's ``tool_result`` blocks become ``tool`` messages (one per
   result, its ``tool_use_id`` as ``tool_call_id``), its other blocks one user
   message after them (Anthropic puts the results first). So a result goes
@@ -40,7 +43,9 @@ from proxy.messages.media import document_tokens, image_tokens
 
 # The chat message's field holding the Anthropic blocks it was read from.
 ORIGIN = "anthropic_blocks"
-ROLES = frozenset({"user", "assistant"})
+ROLES = frozenset({"user", "assistant", "system"})
+# ORIGIN's key for a system message read from ``messages`` (the top-level one: "system").
+SYSTEM_TURN = "system_turn"
 THINKING = frozenset({"thinking", "redacted_thinking"})
 # Content block types whose text a summary or recall may quote.
 _TEXT = "text"
@@ -79,10 +84,14 @@ def check_request(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         at = f"messages.{i}"
         if not isinstance(message, dict):
             raise _bad(at, "must be an object.")
-        if message.get("role") not in ROLES:
-            raise _bad(f"{at}.role", "must be 'user' or 'assistant'.")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise _bad(f"{at}.role", "must be 'user', 'assistant' or 'system'.")
         content = message.get("content")
-        if isinstance(content, list):
+        if role == "system" and isinstance(content, list):
+            if not all(isinstance(b, dict) and b.get("type") == _TEXT for b in content):
+                raise _bad(f"{at}.content", "a system message holds text blocks only.")
+        elif isinstance(content, list):
             for j, block in enumerate(content):
                 if not isinstance(block, dict) or not isinstance(block.get("type"), str):
                     raise _bad(f"{at}.content.{j}", "must be an object with a string 'type'.")
@@ -123,6 +132,8 @@ def message_view(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: one, or a user's tool results and the rest."""
     role = message["role"]
     content = message["content"]
+    if role == "system":
+        return [{"role": role, "content": system_text(content), ORIGIN: {SYSTEM_TURN: content}}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if role == "assistant":
@@ -189,6 +200,10 @@ def parts(blocks: Sequence[Any]) -> list[dict[str, Any]]:
             out.append({"type": PRICED_PART, "tokens": image_tokens(block)})
         elif kind == "document":
             out.append(document_part(block))
+        elif kind == "compaction":
+            # Read as its summary (a failed one, without, as nothing); never its payload.
+            if isinstance(block.get("content"), str):
+                out.append({"type": "text", "text": block["content"]})
         elif kind not in THINKING:
             # Server tool blocks, search results...: counted as their JSON.
             out.append({"type": "text", "text": _json({k: v for k, v in block.items()})})
@@ -228,7 +243,10 @@ def anthropic_request(
     for message in messages:
         role = message.get("role")
         if role in ("system", "developer"):
-            if ORIGIN not in message:
+            origin = message.get(ORIGIN)
+            if isinstance(origin, Mapping) and SYSTEM_TURN in origin:
+                _append(out, "system", origin[SYSTEM_TURN], merge=False)
+            elif origin is None:
                 added.append(str(message.get("content") or ""))
             continue
         if role == "tool":

@@ -248,7 +248,7 @@ def request_view(
         # The request row's recall entry as stored: outcome, spans, hits, tokens, time.
         "recall": detail.get("recall"),
         "fallback": detail.get("fallback"),
-        # A compaction asked or answered (docs/compaction.md): what the proxy did.
+        # A compaction asked or answered (docs/guides/compaction.md): what the proxy did.
         "compaction": detail.get("compaction"),
         "latency_ms": {"total": row["total_ms"], "upstream": row["upstream_ms"]},
         "usage": row["usage"],
@@ -326,7 +326,11 @@ async def session_detail(
         "cache": cache_summary(rows),
         "calibration": []
         if calibration is None
-        else [c for c in calibration.snapshot() if c["model"] in models],
+        else [
+            c
+            for c in calibration.snapshot()
+            if c["model"] in models or not models.isdisjoint(c["client_models"])
+        ],
     }
 
 

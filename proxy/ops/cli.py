@@ -69,7 +69,9 @@ def add_commands(sub: Any) -> None:
             p.add_argument("--json", action="store_true", help="print the admin API's JSON")
         if name == "export":
             p.add_argument("-o", "--output", help="file to write (default: stdout)")
-    pg = actions.add_parser("purge", help="remove what deletions left on disk (docs/deletion.md)")
+    pg = actions.add_parser(
+        "purge", help="remove what deletions left on disk (docs/operations/deletion.md)"
+    )
     _store_options(pg)
     rq = actions.add_parser("request", help="what one request forwarded, item by item")
     rq.add_argument("request_id", help="request id (X-Ctxproxy-Request-Id)")
@@ -345,7 +347,7 @@ def _sessions(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if ns.action == "request":
             return await _request(store, ns, out, err)
         if ns.action == "purge":
-            steps = await store.purge() or ["nothing to purge (docs/deletion.md)"]
+            steps = await store.purge() or ["nothing to purge (docs/operations/deletion.md)"]
             out.writelines(f"{step}\n" for step in steps)
             return 0
         if (ref := await _resolve(store, ns.ids, err)) is None:

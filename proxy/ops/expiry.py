@@ -6,7 +6,7 @@ time, so a reload that sets, changes or removes it takes effect at the next
 sweep. SQLite reuses the pages deleted rows free, so a database under a TTL
 levels off at the size of its live sessions instead of growing without bound.
 A sweep is a deletion like any other: it purges the deleted words from every
-copy the store keeps (docs/deletion.md).
+copy the store keeps (docs/operations/deletion.md).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from policies.types import Decision
 from proxy.chat.pipeline import ChatExchange
 from proxy.context.tokens import counter_for
 from proxy.http.body import parse_object, read_body
+from proxy.messages.compaction import CompactingMessages
 from proxy.messages.pipeline import MessagesExchange
 from proxy.responses.compaction import CompactingExchange
 from proxy.responses.pipeline import ResponsesExchange
@@ -84,7 +85,7 @@ def _exchange(rt: Runtime, request: Request, body: dict[str, Any]) -> ChatExchan
     """The pipeline the body is for: Responses (``input``), Anthropic Messages (a request
     with ``anthropic-version``) or chat (``messages``, the default)."""
     if "anthropic-version" in request.headers:
-        return MessagesExchange(rt, request)
+        return CompactingMessages(rt, request)
     if "messages" not in body and ("input" in body or "previous_response_id" in body):
         # Compaction items expanded as for the request itself (nothing is compacted here).
         exchange = CompactingExchange(rt, request)

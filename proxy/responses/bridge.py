@@ -88,7 +88,7 @@ class ResponsesBridge:
             config.litellm_model, config.api_base, config.base_url, client_model
         )
         kwargs = {k: v for k, v in body.items() if k in RESPONSES_FIELDS}
-        kwargs.setdefault("input", [])
+        kwargs["input"] = text_content(kwargs.get("input", []))
         api_key = self.config.api_key or bearer(request.headers) or _NO_KEY
         try:
             result = await self._aresponses(
@@ -125,6 +125,42 @@ class ResponsesBridge:
 
     async def close(self) -> None:
         return None
+
+
+# -- what a chat-only server can read ------------------------------------------------
+# litellm turns a message item's content parts into chat content parts; llama-cpp-python's
+# chat formats (and other servers' templates) take ``content`` only as a string, and
+# answer a list with a 500. Parts that are text and nothing else (no image, no
+# cache mark) say the same as their texts joined, which every server reads.
+
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+# Keys a text part may carry that a joined string loses nothing by dropping.
+_TEXT_KEYS = frozenset({"type", "text", "annotations", "logprobs"})
+
+
+def text_content(items: Any) -> Any:
+    """``input`` with each message item whose parts are all plain text given one string."""
+    if not isinstance(items, list):
+        return items
+    return [_joined(item) if isinstance(item, dict) else item for item in items]
+
+
+def _joined(item: dict[str, Any]) -> dict[str, Any]:
+    parts = item.get("content")
+    if item.get("type", "message") != "message" or not isinstance(parts, list) or not parts:
+        return item
+    texts = []
+    for part in parts:
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in _TEXT_PARTS
+            or not isinstance(part.get("text"), str)
+            or not _TEXT_KEYS.issuperset(part)
+        ):
+            return item
+        texts.append(part["text"])
+    # Joined as vLLM and llama.cpp join text parts themselves: one line apart.
+    return {**item, "content": "\n".join(texts)}
 
 
 # -- litellm's objects in the shapes OpenAI's spec gives them --------------------------

@@ -175,6 +175,7 @@ def decide(
     body: Mapping[str, Any],
     model: str,
     calibration: Callable[[str], float],
+    window: Callable[[str], int | None] = context_window,
 ) -> Decision:
     """The route's policy over the item list (the rewriter's ``decide``, for items)."""
     counter = ItemCounter(model)
@@ -187,8 +188,8 @@ def decide(
     limit: int | None = None
     trim_spec = summarize_fallback(spec) if isinstance(spec, SummarizeSpec) else spec
     if isinstance(trim_spec, TrimSpec):
-        window = context_window(model) if trim_spec.context_fraction is not None else None
-        limit = budget_limit(trim_spec, window, reserved_for_output(body))
+        tokens = window(model) if trim_spec.context_fraction is not None else None
+        limit = budget_limit(trim_spec, tokens, reserved_for_output(body))
     factor = calibration(model) if limit is not None else 1.0
     if limit is not None and factor != 1.0:
         # As for chat: the budget is in the upstream's tokens, the counts local.

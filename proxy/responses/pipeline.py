@@ -45,8 +45,9 @@ from policies.types import Decision, NoneSpec
 from proxy.chat.cache_step import cache_hints, measure_stable_prefix
 from proxy.chat.pipeline import ChatExchange
 from proxy.chat.recall_step import spec_recall
+from proxy.context.rewriter import needs_window
 from proxy.context.tokens import LONG_TEXT, counter_for
-from proxy.errors import InvalidRequest, ProxyError, UpstreamError
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError, upstream_failure
 from proxy.http.body import error_response, forward_headers, parse_object, read_body, relay_headers
 from proxy.http.session_lookup import find_session
 from proxy.http.sessions import session_ref
@@ -156,9 +157,19 @@ class ResponsesExchange(ChatExchange):
         # input alone is not it, so there is nothing here to trim.
         unknown = self.previous_unknown or self.compacting
         spec = NoneSpec() if unknown else rt.config.policies[self.route.policy]
+        upstream = self.route.upstream
+        if needs_window(spec):
+            await rt.windows.learn(upstream, model)  # once per model: a local server's n_ctx
+
+        def calibration(name: str) -> float:
+            return rt.calibration.factor(name, upstream)
+
+        def window(name: str) -> int | None:
+            return rt.windows.window(name, upstream)
+
         started = time.perf_counter()
         self.decision = decide(
-            spec, self.conversation, self.item_hashes, body, model, rt.calibration.factor
+            spec, self.conversation, self.item_hashes, body, model, calibration, window
         )
         self.decision = self._decided(self.decision)
         self.policy_s = time.perf_counter() - started
@@ -294,7 +305,7 @@ class ResponsesExchange(ChatExchange):
         if answer is not None:
             await self._commit(answer)
         else:
-            invalid = None
+            invalid = upstream_failure(response.status, content)
             if response.status == 200:
                 invalid = UpstreamError(
                     "The upstream's 200 answer is not a response object.",

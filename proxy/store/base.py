@@ -359,7 +359,8 @@ class Store(Protocol):
     async def purge(self) -> list[str]:
         """Remove what deletions left on disk that the deletions themselves could not
         (PostgreSQL's dead tuples and freed page space); return the steps taken.
-        ``ctxproxy sessions purge`` runs it; docs/deletion.md says what each backend keeps."""
+        ``ctxproxy sessions purge`` runs it; docs/operations/deletion.md says what each
+        backend keeps."""
         ...
 
     # -- Responses API ----------------------------------------------------------

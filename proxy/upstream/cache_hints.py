@@ -38,7 +38,13 @@ def session_cache_key(tenant: str, session: str) -> str:
     return f"ctxproxy-{digest}"
 
 
-def splice_field(raw: bytes, name: str, value: str) -> bytes:
+def session_slot(tenant: str, session: str, slots: int) -> int:
+    """The llama.cpp slot a session keeps (``id_slot``): the same one on every request."""
+    digest = hashlib.blake2b(f"{tenant}\x00{session}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % slots
+
+
+def splice_field(raw: bytes, name: str, value: str | int) -> bytes:
     """``raw`` (a JSON object without ``name``) with ``"name": value`` inserted before its
     closing brace: every byte of ``raw`` stays, in order."""
     close = len(raw.rstrip()) - 1

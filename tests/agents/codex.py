@@ -10,11 +10,11 @@ update checks off. Its environment holds nothing of the caller's but PATH.
 from __future__ import annotations
 
 import json
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.agents.process import AgentRun, run_agent
 
 REPO = Path(__file__).resolve().parents[2]
 CODEX = REPO / "node_modules" / ".bin" / "codex"
@@ -67,13 +67,6 @@ def config_toml(proxy_url: str, *, auto_compact_tokens: int | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True)
-class CodexRun:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def run_codex(
     tmp: Path,
     proxy_url: str,
@@ -82,7 +75,7 @@ def run_codex(
     auto_compact_tokens: int | None = None,
     resume: bool = False,
     timeout: float = 120,
-) -> CodexRun:
+) -> AgentRun:
     """``codex exec PROMPT`` in ``tmp/work`` with its home in ``tmp/home``.
 
     ``resume``: ``codex exec resume --last PROMPT``, the same thread's next turn.
@@ -106,14 +99,4 @@ def run_codex(
         args = ["exec", "resume", "--last", "--skip-git-repo-check", prompt]
     else:
         args = ["exec", "--skip-git-repo-check", "--color", "never", "-C", str(work), prompt]
-    done = subprocess.run(
-        [str(codex), *args],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return CodexRun(done.returncode, done.stdout, done.stderr)
+    return run_agent([str(codex), *args], work, env, timeout)

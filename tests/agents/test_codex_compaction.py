@@ -103,6 +103,19 @@ def test_codex_compacts_twice_through_the_proxy_and_finishes(
     assert all(detail(r)["mode"] == "proxy" and r["status"] == 200 for r in asked)
     assert [detail(r)["item_id"][:4] for r in asked] == ["cmp_", "cmp_"]
     assert len(fake.chat.summarizer_requests) == 2
+    # The second compaction extends the first summary with only the turns after what
+    # the first covered: the restored turns, Codex's retained messages and the expanded
+    # summary are not summarized again (the summary is never a turn of its own).
+    first, second = (detail(r) for r in asked)
+    assert (first["incremental"], second["incremental"]) == (False, True)
+    assert second["covered_items"] > first["covered_items"]
+    calls = [r.json["messages"][-1]["content"] for r in fake.chat.summarizer_requests]
+    assert "The summary so far:" not in calls[0]
+    summary, _, newer = calls[1].partition("New turns since then:")
+    assert "SUMMARY-ONE" in summary and "SUMMARY-ONE" not in newer
+    assert SUMMARY_HEADER not in calls[1] and PROMPT not in newer
+    assert [f.file for f in FACTS[:6] if f"notes/{f.file}" in newer] == [f.file for f in FACTS[3:6]]
+    assert second["new_items"] == newer.count("[assistant called tool") * 2
 
     # Every request after a compaction carries its summary, expanded, in place of
     # the folded turns; Codex's developer and user messages stay as they came.

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recall_data import load
+from proxy.messages.view import ORIGIN, system_text
 
 
 def entry(k: int, kind: str, answered: bool = True) -> dict[str, Any]:
@@ -54,3 +55,19 @@ def test_longmemeval_dev_and_test_never_share_a_question(tmp_path: Path) -> None
     assert dev == {f"What colour is bike {k}?" for k in (0, 2, 4)}
     assert test == {f"What colour is bike {k}?" for k in (1, 3, 5)}
     assert len(load(path, "all", limit=2).questions) == 2
+
+
+def test_the_anthropic_door_reads_each_history_and_question_with_the_evidence_in_place(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "lme.json"
+    path.write_text(json.dumps([entry(k, "single-session-user") for k in range(2)]))
+    chat, anthropic = load(path), load(path, door="anthropic")
+    for q, a in zip(chat.questions, anthropic.questions, strict=True):
+        viewed = anthropic.conversations[a.conversation]
+        assert all(ORIGIN in m for m in viewed)  # the Messages door's view, not chat messages
+        assert a.evidence == q.evidence
+        said = [system_text(viewed[i]["content"]) for i in a.evidence]
+        assert said == [f"My bike {a.fold} is red."]
+        assert ORIGIN in a.message and system_text(a.message["content"]) == q.text
+        assert q.message == {"role": "user", "content": q.text}

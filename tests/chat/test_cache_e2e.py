@@ -153,6 +153,32 @@ def test_prompt_cache_key_off_sends_none(cached, start_proxy, fake):
     assert "prompt_cache_key" not in cached.chat_requests[-1].json
 
 
+def test_llama_cpp_slots_pin_each_session_to_one_and_the_row_says_which(
+    fake, start_proxy, tmp_path
+):
+    """``cache: {slots: N}``: a session's every request goes to the same llama.cpp
+    slot (``id_slot``), so another session's prompt never evicts its prefix."""
+    upstream, server = fake
+    up = {"default": {"base_url": f"{server.url}/v1", "cache": {"slots": 4}}}
+    proxy = start_proxy(extra={"upstreams": up})
+    hello = [{"role": "user", "content": "hello"}]
+    sessions = [f"s{n}" for n in range(8)]
+    for session in [*sessions, *sessions]:
+        client(proxy, session).chat.completions.create(model="gpt-4o", messages=hello)
+    client(proxy, "s0").chat.completions.create(
+        model="gpt-4o", messages=hello, extra_body={"id_slot": 3}
+    )
+    slots = [r.json.get("id_slot") for r in upstream.chat_requests]
+    assert slots[:8] == slots[8:16]  # the same slot each time
+    assert all(0 <= s < 4 for s in slots[:16]) and len(set(slots[:16])) > 1
+    assert slots[16] == 3  # the client's own choice is left alone
+    # A body forwarded as it came is the client's bytes with the hints spliced in.
+    assert upstream.chat_requests[0].raw.endswith(b',"id_slot":%d}' % slots[0])
+    recorded = [json.loads(r["detail_json"]).get("cache_hints", {}) for r in rows(proxy, tmp_path)]
+    assert [d.get("id_slot") for d in recorded[:16]] == slots[:16]
+    assert "id_slot" not in recorded[16]
+
+
 def test_stable_prefix_drops_once_at_a_trim_cut_and_holds_between_cuts(
     cached, start_proxy, tmp_path
 ):

@@ -223,6 +223,41 @@ def test_streamed_tool_calls_are_assembled_for_storage(fake, start_proxy, tmp_pa
     assert stored["tool_calls"] == [call]
 
 
+def test_ollamas_tool_calls_all_at_index_zero_are_stored_as_separate_calls(
+    fake, start_proxy, tmp_path
+):
+    """Ollama streams each call whole under index 0: the stored reply has each call
+    apart, and the client gets the upstream's bytes as they came."""
+    upstream, _ = fake
+    upstream.tool_calls_at_index_zero = True
+    calls = [
+        {
+            "id": f"call_{city}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+        }
+        for city in ("Rome", "Oslo", "Lima")
+    ]
+    upstream.replies.append(Reply(content=None, tool_calls=calls))
+    proxy = start_proxy()
+    with httpx.stream(
+        "POST",
+        f"{proxy.url}/v1/chat/completions",
+        json={
+            "model": "llama3.2",
+            "messages": [{"role": "user", "content": "Weather in three cities?"}],
+            "tools": [WEATHER_TOOL],
+            "stream": True,
+        },
+        headers={"authorization": "Bearer k", "x-session-id": "ollama"},
+    ) as response:
+        received = b"".join(response.iter_bytes())
+    assert received == upstream.last_response
+    proxy.drain()
+    row = query(tmp_path / "ctxproxy.db", "SELECT message_json FROM items WHERE role='assistant'")
+    assert json.loads(row[0]["message_json"])["tool_calls"] == calls
+
+
 def test_context_headers_on_every_response(fake, start_proxy):
     proxy = start_proxy()
     raw = client(proxy, session="abc").chat.completions.with_raw_response.create(

@@ -177,5 +177,8 @@ def test_upstream_errors_are_relayed_and_history_is_untouched(fake, start_proxy,
         tuple(r) for r in before
     ]
     assert query(db, "SELECT head_item_id FROM sessions")[0]["head_item_id"] == head
-    rows = query(db, "SELECT status, upstream_status FROM requests ORDER BY created_at")
+    rows = query(db, "SELECT status, upstream_status, error FROM requests ORDER BY created_at")
     assert (rows[-1]["status"], rows[-1]["upstream_status"]) == (status, status)
+    # A 5xx's row names the upstream's error; a refused request's status says it all.
+    expected = f"c: The upstream answered {status}: upstream says no" if status >= 500 else None
+    assert rows[-1]["error"] == expected

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from proxy.context.message_cache import MessageCache
 from proxy.http.resent_body import MIN_BYTES
@@ -64,7 +65,18 @@ def script() -> list[bytes]:
     return bodies
 
 
-def run(fake: Any, start_proxy: Any, directory: Path, *, cached: bool) -> dict[str, Any]:
+CONFIGURED = {"X-Session-Id": "long"}
+
+
+def run(
+    fake: Any,
+    start_proxy: Any,
+    directory: Path,
+    *,
+    cached: bool,
+    session: dict[str, str] = CONFIGURED,
+    bodies: list[bytes] | None = None,
+) -> dict[str, Any]:
     upstream, server = fake
     config = make_config(
         server.url,
@@ -90,11 +102,11 @@ def run(fake: Any, start_proxy: Any, directory: Path, *, cached: bool) -> dict[s
     first = len(upstream.received)
     answers = []
     with httpx.Client(base_url=proxy.url, timeout=10) as client:
-        for raw in script():
+        for raw in script() if bodies is None else bodies:
             response = client.post(
                 "/v1/chat/completions",
                 content=raw,
-                headers={"Authorization": "Bearer sk-test", "X-Session-Id": "long"},
+                headers={"Authorization": "Bearer sk-test", **session},
             )
             proxy.drain()
             body = response.json()
@@ -106,7 +118,9 @@ def run(fake: Any, start_proxy: Any, directory: Path, *, cached: bool) -> dict[s
             "SELECT id, parent_id, path_hash, content_hash, role, token_count, message_json"
             " FROM items ORDER BY id"
         ).fetchall()
+        sessions = conn.execute("SELECT key FROM sessions").fetchall()
     return {
+        "sessions": sessions,
         "forwarded": [r.raw for r in upstream.received[first:]],
         "answers": answers,
         "stored": stored,
@@ -132,3 +146,46 @@ def test_a_continued_body_forwards_answers_and_stores_what_a_full_parse_does(
     statuses = [status for status, _ in kept["answers"]]
     assert statuses[4:8] == [400, 400, 200, 200]
     assert kept["forwarded"][-3].count(b"only me") == 1  # the history was that field's
+
+
+@pytest.mark.parametrize(
+    "session",
+    [
+        {"session-id": "long"},  # Codex CLI
+        {"X-Claude-Code-Session-Id": "long", "X-Claude-Code-Agent-Id": "a1"},  # a sub-agent
+    ],
+    ids=["codex", "claude-code-agent"],
+)
+def test_a_session_an_agent_header_names_gets_the_resent_body_path_and_the_same_result(
+    fake, start_proxy, tmp_path, session
+):
+    kept = run(fake, start_proxy, tmp_path / "kept", cached=True, session=session)
+    parsed = run(fake, start_proxy, tmp_path / "parsed", cached=False, session=session)
+    assert kept["forwarded"] == parsed["forwarded"]
+    assert kept["answers"] == parsed["answers"]
+    assert kept["stored"] == parsed["stored"]
+    assert kept["sessions"] == parsed["sessions"] and len(kept["sessions"]) == 1
+    assert kept["continued"][2:4] == [True, True]
+    assert kept["continued"][6:8] == [True, False]
+
+
+def test_a_session_named_by_prompt_cache_key_gets_the_resent_body_path_and_the_same_result(
+    fake, start_proxy, tmp_path
+):
+    base = turns(0, 99)
+    grown = [*base, *turns(99, 2)]
+    more = [*grown, *turns(101, 2)]
+    bodies = [
+        dumps({"model": "gpt-4o", "messages": history, "prompt_cache_key": "pck-long"})
+        for history in (base, grown, more, more)
+    ]
+    # Another conversation's key, on a body continuing the same bytes: its own session.
+    other = dumps({"model": "gpt-4o", "messages": more, "prompt_cache_key": "pck-other"})
+    bodies.append(other)
+    kept = run(fake, start_proxy, tmp_path / "kept", cached=True, session={}, bodies=bodies)
+    parsed = run(fake, start_proxy, tmp_path / "parsed", cached=False, session={}, bodies=bodies)
+    assert kept["forwarded"] == parsed["forwarded"]
+    assert kept["answers"] == parsed["answers"]
+    assert kept["stored"] == parsed["stored"]
+    assert sorted(kept["sessions"]) == [("pck-long",), ("pck-other",)]
+    assert kept["continued"] == [False, False, True, True, False]

@@ -193,6 +193,19 @@ def test_the_next_summary_is_prepared_in_the_background_after_the_answer(fake, s
         (Reply(status=500), "summarizer_error"),
         (Reply(content="   "), "summarizer_empty"),
         (Reply(content="late", delay=1.5), "summarizer_timeout"),
+        # Stopped at the summarizer's max_tokens: a summary cut off mid-way.
+        (
+            Reply(content="## Goal and context\n- order 88231 is", finish_reason="length"),
+            "summarizer_cut_off",
+        ),
+        # A model that never saw its instructions repeats the conversation.
+        (
+            Reply(
+                content='My order #88231 has not arrived.\n{"order": "88231"}\n'
+                + "in transit " * 20
+            ),
+            "summarizer_echo",
+        ),
     ],
 )
 def test_a_failing_summarizer_falls_back_to_trimming_and_loses_nothing(
@@ -303,3 +316,37 @@ def test_server_history_routes_summarize_the_stored_history(fake, start_proxy):
     assert forwarded[0] == SYSTEM
     assert "order #5512" in forwarded[1]["content"]
     assert forwarded[-1] == {"role": "user", "content": "question 4"}
+
+
+@pytest.mark.parametrize(
+    ("system_messages", "instructions_as"), [("first", "system"), ("none", "user")]
+)
+def test_a_template_without_later_system_messages_gets_the_summary_as_a_pair(
+    fake, start_proxy, tmp_path, system_messages, instructions_as
+):
+    """llama-cpp-python's formats keep only a leading system message (or none): the
+    summary goes as a user/assistant pair, and with none shown at all the summarizer's
+    instructions go in its user message."""
+    upstream, server = fake
+    from tests.harness import make_config
+
+    config = make_config(server.url, tmp_path, policies=policy(), routes=ROUTE)
+    import dataclasses
+
+    local = dataclasses.replace(config.upstreams["default"], system_messages=system_messages)
+    proxy = start_proxy(config=dataclasses.replace(config, upstreams={"default": local}))
+    messages = [*history(5), {"role": "user", "content": "Any news?"}]
+    raw = ask(client(proxy), messages)
+    assert raw.headers["x-context-summary"] == "created"
+    forwarded = sent(upstream)
+    assert forwarded[:2] == [SYSTEM, {"role": "user", "content": PAIR_REQUEST}]
+    assert forwarded[2]["role"] == "assistant"
+    assert forwarded[2]["content"].startswith(SUMMARY_HEADER)
+    [call] = upstream.summarizer_requests
+    roles = [m["role"] for m in call.json["messages"]]
+    if instructions_as == "system":
+        assert roles == ["system", "user"]
+    else:
+        assert roles == ["user"]
+        assert call.json["messages"][0]["content"].startswith("You are ctxproxy-summarizer.")
+        assert "My order #88231" in call.json["messages"][0]["content"]

@@ -69,8 +69,10 @@ class Reply:
     hold_open: bool = False
     # ... or fall silent for a while (to provoke a read timeout mid-stream) ...
     stall_s: float = 0.0
-    # ... or end it with an in-stream error event: (error type, message).
+    # ... or end it with an in-stream error event: (error type, message) ...
     stream_error: tuple[str, str] | None = None
+    # ... or just end it there, without message_delta or message_stop (a dropped upstream).
+    cut_short: bool = False
 
     @classmethod
     def tool(cls, name: str, input: dict[str, Any], *, text: str = "") -> Reply:
@@ -115,6 +117,9 @@ class FakeAnthropic:
     # reply's fixed figure, as a real upstream reports it (the proxy calibrates from it).
     count_input: bool = False
     problems: list[str] = field(default_factory=list)
+    # Messages answered so far: each answer's id is numbered (msg_fake_01, ...), as the
+    # API's are unique (Claude Code merges the blocks of answers that share an id).
+    answered: int = 0
     # The bytes of the last stream sent, for byte-for-byte checks of a relay.
     last_stream: bytearray = field(default_factory=bytearray)
     _replies: deque[Reply] = field(default_factory=deque)
@@ -221,7 +226,8 @@ class FakeAnthropic:
             else params.MessageCreateParamsNonStreaming
         )
         self._check(kind, body, "request")
-        reply = self._replies.popleft() if self._replies else Reply()
+        reply = self.reply_for(body)
+        self.answered += 1
         self._cache_usage = {}
         if self.prefix_cache is not None:
             blocks, marks = anthropic_blocks(body)
@@ -250,6 +256,10 @@ class FakeAnthropic:
         self._check(Message, message, "message")
         return web.json_response(message)
 
+    def reply_for(self, body: dict[str, Any]) -> Reply:
+        """The answer to a request: the next scripted reply, else a default text."""
+        return self._replies.popleft() if self._replies else Reply()
+
     def _content(self, reply: Reply) -> list[dict[str, Any]]:
         content: list[dict[str, Any]] = []
         if reply.thinking is not None:
@@ -272,7 +282,7 @@ class FakeAnthropic:
 
     def _message(self, reply: Reply) -> dict[str, Any]:
         return {
-            "id": "msg_fake_01",
+            "id": f"msg_fake_{self.answered:02d}",
             "type": "message",
             "role": "assistant",
             "model": self.model,
@@ -357,6 +367,8 @@ class FakeAnthropic:
             await send(
                 "error", {"type": "error", "error": {"type": error_type, "message": message}}
             )
+            return
+        if reply.cut_short:
             return
         if reply.text:
             await send("content_block_stop", {"type": "content_block_stop", "index": index})

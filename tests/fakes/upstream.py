@@ -20,6 +20,19 @@ from aiohttp import web
 
 from tests.fakes.prefix_cache import Block, OpenAIPrefixCache
 
+LIST_CONTENT_ERROR = orjson.dumps(
+    {
+        "error": {
+            "message": "10 validation errors:\n  {'type': 'string_type', 'loc': ('body', "
+            "'messages', 1, 'ChatCompletionRequestAssistantMessage', 'content'), "
+            "'msg': 'Input should be a valid string'}",
+            "type": "internal_server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+)
+
 
 @dataclass
 class Reply:
@@ -34,6 +47,8 @@ class Reply:
     # Stop a stream after this many chunks and drop the connection.
     break_after_chunks: int | None = None
     prompt_tokens: int | None = None
+    # The answer's finish_reason ("length": cut off at max_tokens); None: stop / tool_calls.
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -65,13 +80,58 @@ class FakeUpstream:
     # A simulated OpenAI prompt cache: usage then reports
     # prompt_tokens_details.cached_tokens (None: usage without details, as before).
     prefix_cache: OpenAIPrefixCache | None = None
+    # llama-cpp-python's request model takes ``content`` only as a string (but a
+    # user's): a list of parts fails its validation, answered as this 500.
+    string_content_only: bool = False
+    # The model a local server names in its answers whatever name it was sent
+    # (llama-cpp-python: its model path); None answers with the name sent.
+    served_model: str | None = None
+    # What a local server says of its context window, asked at its root:
+    # llama.cpp's GET /props n_ctx, vLLM's max_model_len in /v1/models, Ollama's
+    # num_ctx from POST /api/show (None: that endpoint is a 404, as on other servers).
+    n_ctx: int | None = None
+    # llama-cpp-python's POST /extras/tokenize/count: its count of a text, the
+    # tokenizer prompt_token_factor says (False: a 404, as on servers without it).
+    tokenize: bool = False
+    # Ollama streams each tool call whole, in one chunk, every one under index 0.
+    tool_calls_at_index_zero: bool = False
+    max_model_len: int | None = None
+    num_ctx: int | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
+        app.router.add_get("/props", self.props)
+        app.router.add_post("/api/show", self.show)
+        app.router.add_post("/extras/tokenize/count", self.tokenize_count)
         return app
+
+    async def tokenize_count(self, request: web.Request) -> web.Response:
+        rec = await self._record(request)
+        if not self.tokenize:
+            raise web.HTTPNotFound()
+        from proxy.context.tokens import counter_for
+
+        text = str((rec.json or {}).get("input") or "")
+        counter = counter_for("gpt-4o")
+        local = counter.count_message({"content": text}) - counter.count_message({"content": ""})
+        return web.json_response({"count": round(self.prompt_token_factor * local)})
+
+    async def props(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        if self.n_ctx is None:
+            raise web.HTTPNotFound()
+        body = {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": 1}
+        return web.json_response(body)
+
+    async def show(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        if self.num_ctx is None:
+            raise web.HTTPNotFound()
+        parameters = f'stop "<end_of_turn>"\nnum_ctx {self.num_ctx}\ntemperature 1'
+        return web.json_response({"parameters": parameters, "model_info": {}})
 
     async def _record(self, request: web.Request) -> Received:
         raw = await request.read()
@@ -91,6 +151,17 @@ class FakeUpstream:
                 "data": [
                     {"id": "gpt-4o", "object": "model", "created": 1, "owned_by": "fake"},
                     {"id": "gpt-4o-mini", "object": "model", "created": 1, "owned_by": "fake"},
+                    *(
+                        [
+                            {
+                                "id": self.served_model or "local",
+                                "object": "model",
+                                "max_model_len": self.max_model_len,
+                            }
+                        ]
+                        if self.max_model_len is not None
+                        else []
+                    ),
                 ],
             }
         )
@@ -141,6 +212,13 @@ class FakeUpstream:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         rec = await self._record(request)
         data = rec.json if isinstance(rec.json, dict) else {}
+        if self.string_content_only and any(
+            isinstance(m, dict) and isinstance(m.get("content"), list) and m.get("role") != "user"
+            for m in data.get("messages") or []
+        ):
+            return web.Response(
+                status=500, body=LIST_CONTENT_ERROR, content_type="application/json"
+            )
         reply = self._summary_reply() if is_summarizer_call(rec) else self._reply_for(data)
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -158,7 +236,7 @@ class FakeUpstream:
             self.last_response = body
             return web.Response(status=reply.status, body=body, content_type="application/json")
         cid = f"chatcmpl-{next(self.ids)}"
-        model = data.get("model", "gpt-4o")
+        model = self.served_model or data.get("model", "gpt-4o")
         prompt_tokens = reply.prompt_tokens or self._prompt_tokens(data)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
@@ -187,7 +265,8 @@ class FakeUpstream:
                         "index": 0,
                         "message": message,
                         "logprobs": None,
-                        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                        "finish_reason": reply.finish_reason
+                        or ("tool_calls" if reply.tool_calls else "stop"),
                     }
                 ],
                 "usage": usage,
@@ -228,6 +307,9 @@ class FakeUpstream:
             events.append(chunk({"content": text[i : i + 4]}))
         for n, call in enumerate(reply.tool_calls or []):
             args = call["function"]["arguments"]
+            if self.tool_calls_at_index_zero:
+                events.append(chunk({"tool_calls": [{"index": 0, **call}]}))
+                continue
             events.append(
                 chunk(
                     {

@@ -16,6 +16,8 @@ import httpx
 import openai
 import pytest
 
+from proxy.config.model import AgentSessions, SessionConfig
+from proxy.http.session_lookup import session_hint
 from tests.fakes.responses import FakeResponses
 from tests.harness import AiohttpServer, ProxyServer, make_config, query
 
@@ -240,3 +242,22 @@ def test_a_configured_fallback_comes_before_the_agents(fake, start_proxy, tmp_pa
     )
     assert answer.headers["x-session-id"] == "from-metadata"
     assert answer.headers["x-context-session-source"] == "body.metadata.session_id"
+
+
+def test_the_session_hint_before_the_parse_follows_the_lookups_order():
+    config = SessionConfig()
+    body = b'{"model":"m","messages":[],"prompt_cache_key":"pck-1"}'
+    assert session_hint(config, {"x-session-id": "s", "session-id": "c"}, body) == "s"
+    assert session_hint(config, {"session-id": "c", "thread-id": "t"}, body) == "c"
+    claude = {"x-claude-code-session-id": "cc", "x-claude-code-agent-id": "a1"}
+    assert session_hint(config, claude, body) == "cc/agent/a1"
+    assert session_hint(config, {}, body) == "pck-1"
+    assert session_hint(config, {}, b'{"prompt_cache_key" : "spaced"}') == "spaced"
+    # The last one wins, as in a parse; one a parse must unescape is no hint.
+    assert session_hint(config, {}, body[:-1] + b',"prompt_cache_key":"pck-2"}') == "pck-2"
+    assert session_hint(config, {}, b'{"prompt_cache_key":"a\\"b"}') is None
+    assert session_hint(config, {}, b'{"messages":[]}') is None
+    # A header the lookup would refuse is no hint (the request gets its 400 from the lookup).
+    assert session_hint(config, {"x-session-id": "x" * 300}, body) is None
+    off = SessionConfig(agents=AgentSessions(codex=False, prompt_cache_key=False))
+    assert session_hint(off, {"session-id": "c"}, body) is None

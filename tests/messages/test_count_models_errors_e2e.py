@@ -123,7 +123,7 @@ def test_the_proxys_own_errors_have_anthropics_shape_and_status(
         client.messages.create(
             model=MODEL,
             max_tokens=8,
-            messages=[{"role": "system", "content": "no such role"}],  # type: ignore[typeddict-item]
+            messages=[{"role": "tool", "content": "no such role"}],  # type: ignore[typeddict-item]
         )
     assert bad.value.body["type"] == "error"  # type: ignore[index]
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
@@ -193,11 +193,15 @@ def test_requests_litellm_cannot_translate_are_400s_not_500s(
     proxy = start_messages({"base_url": f"{fake[1].url}/v1"})
     url, headers = f"{proxy.url}/v1/messages", {"x-api-key": "k"}
     user = [{"role": "user", "content": "hi"}]
-    missing = httpx.post(url, json={"model": "gpt-4o", "messages": user}, headers=headers)
+    # litellm's first import (on the second request, the translated path) takes seconds
+    # on a loaded machine: more than httpx's default 5 s timeout.
+    missing = httpx.post(
+        url, json={"model": "gpt-4o", "messages": user}, headers=headers, timeout=60
+    )
     assert missing.status_code == 400
     assert missing.json()["error"]["message"].startswith("max_tokens: Field required")
     empty = httpx.post(
-        url, json={"model": "gpt-4o", "max_tokens": 5, "messages": []}, headers=headers
+        url, json={"model": "gpt-4o", "max_tokens": 5, "messages": []}, headers=headers, timeout=60
     )
     assert empty.status_code == 400
     assert empty.json()["error"]["type"] == "invalid_request_error"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import ANY
+
+import pytest
 
 from policies.mask import placeholder
-from proxy.messages.view import ORIGIN, anthropic_request, chat_view
+from proxy.errors import InvalidRequest
+from proxy.messages.view import ORIGIN, anthropic_request, chat_view, check_request
 from tests.messages.test_policies_e2e import tool_conversation
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -60,3 +64,48 @@ def test_the_proxys_own_messages_are_text_and_a_summary_joins_the_system() -> No
     assert system == "rules\n\n## Summary"
     assert back == [{"role": "user", "content": "<recalled/>"}, {"role": "user", "content": "hi"}]
     assert all(ORIGIN not in m for m in back)
+
+
+def test_a_compaction_block_reads_as_its_summary_and_is_written_back_as_it_came() -> None:
+    block = {"type": "compaction", "content": "Summary: port 8731.", "encrypted_content": "x" * 99}
+    failed = {"type": "compaction", "content": None}
+    body: Any = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [block, failed, {"type": "text", "text": "Go."}]},
+        ]
+    }
+    viewed = chat_view(body)
+    assert viewed[1]["content"] == [
+        {"type": "text", "text": "Summary: port 8731."},
+        {"type": "text", "text": "Go."},
+    ]
+    assert anthropic_request(viewed, None)[1] == body["messages"]
+
+
+def test_a_system_turn_inside_messages_stays_in_its_place_as_it_came() -> None:
+    # Claude Code sends its environment as a system message after the first user one
+    # (the API's mid-conversation system turns): blocks on one request, a string on the next.
+    blocks: Any = [{"type": "text", "text": "# Environment", "cache_control": EPHEMERAL}]
+    for content in (blocks, "# Environment"):
+        messages: list[Any] = [
+            {"role": "user", "content": "Check build.log"},
+            {"role": "system", "content": content},
+            *tool_conversation(2)[1:],
+        ]
+        view = chat_view({"system": "rules", "messages": messages})
+        assert view[2] == {"role": "system", "content": "# Environment", ORIGIN: ANY}
+        assert anthropic_request(view, "rules") == ("rules", messages)
+        # Masked or not, the policy's messages keep it where it was.
+        at = next(i for i, m in enumerate(view) if m["role"] == "tool")
+        view[at] = placeholder(view[at], 250)
+        _, back = anthropic_request(view, "rules")
+        assert back[:3] == messages[:3] and back[4:] == messages[4:]
+        assert back[3]["content"][0]["content"].startswith("[tool output of 250 tokens")
+
+
+def test_a_system_turn_with_other_than_text_blocks_is_a_400() -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
+    body = {"model": "m", "messages": [{"role": "system", "content": [image]}]}
+    with pytest.raises(InvalidRequest, match="a system message holds text blocks only"):
+        check_request(body)

@@ -68,4 +68,4 @@ async def test_sessions_purge_on_redis_says_there_is_nothing_to_purge(
     with ThreadPoolExecutor(1) as pool:
         code = pool.submit(cli.main, ["sessions", "purge", "--config", str(config)], out, err)
         assert code.result(60) == 0, err.getvalue()
-    assert out.getvalue() == "nothing to purge (docs/deletion.md)\n"
+    assert out.getvalue() == "nothing to purge (docs/operations/deletion.md)\n"

@@ -132,6 +132,61 @@ responses_bodies = st.fixed_dictionaries(
     },
 )
 
+# Anthropic Messages bodies (/v1/messages): content blocks of each kind the door reads,
+# paired and unpaired tool_use/tool_result ids, thinking with and without signatures.
+blocks = st.fixed_dictionaries(
+    {
+        "type": mostly(
+            st.sampled_from(
+                ["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image"]
+            ),
+            st.just("zzz") | json_values,
+        )
+    },
+    optional={
+        "text": texts | json_values,
+        "id": st.sampled_from(["t1", "t2"]) | json_values,
+        "tool_use_id": st.sampled_from(["t1", "t2"]) | json_values,
+        "name": texts | json_values,
+        "input": st.just({}) | json_values,
+        "content": texts | st.lists(mostly(parts), max_size=2) | json_values,
+        "thinking": texts,
+        "signature": texts,
+        "data": texts,
+        "source": st.just({"type": "base64", "media_type": "image/png", "data": "iVBORw0K"})
+        | json_values,
+        "cache_control": st.just({"type": "ephemeral"}) | json_values,
+    },
+)
+anthropic_messages = st.fixed_dictionaries(
+    {
+        "role": mostly(st.sampled_from(["user", "assistant"]), roles | json_values),
+        "content": mostly(texts | st.lists(mostly(blocks), max_size=3)),
+    }
+)
+messages_bodies = st.fixed_dictionaries(
+    {
+        "model": models,
+        "max_tokens": mostly(st.integers(1, 4096), json_values),
+        "messages": mostly(st.lists(mostly(anthropic_messages), max_size=5)),
+    },
+    optional={
+        "system": mostly(texts | st.lists(mostly(blocks), max_size=2)),
+        "stream": mostly(st.booleans()),
+        "tools": mostly(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": texts, "input_schema": st.just({"type": "object"}) | json_values}
+                ),
+                max_size=2,
+            )
+        ),
+        "metadata": mostly(st.dictionaries(st.sampled_from(["user_id", "k"]), texts, max_size=2)),
+        "context_management": json_values,
+        "thinking": json_values,
+    },
+)
+
 
 def encode(body: Any) -> bytes:
     try:

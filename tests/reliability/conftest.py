@@ -30,6 +30,8 @@ ROUTES: list[dict[str, Any]] = [
     },
     {"match": {"path": "/v1/chat/completions"}, "upstream": "default"},
     {"match": {"path": "/v1/responses"}, "upstream": "default", "policy": "last2"},
+    # The Anthropic door, translated to the chat fake.
+    {"match": {"path": "/v1/messages"}, "upstream": "default", "policy": "last2"},
     # Every other /v1/... path: relayed unchanged.
     {"match": {"path": "/v1/*"}, "upstream": "default"},
 ]

@@ -33,6 +33,8 @@ class Endpoint:
     bodies: Any = None
     ids: Any = None
     share: float = 1.0
+    # The door whose error shape its own 4xx must have ("openai" or "anthropic").
+    door: str = "openai"
 
     def url(self, base: str, id_: str | None) -> str:
         return base + self.path.replace("{id}", quote(id_ or "", safe=""))
@@ -50,6 +52,30 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/v1/responses",
         bodies.responses_bodies | bodies.raw_garbage,
+    ),
+    Endpoint(
+        # A compaction calls its summarizer (the chat fake); valid bodies store summaries.
+        "responses compact",
+        "POST",
+        "/v1/responses/compact",
+        bodies.responses_bodies | bodies.raw_garbage,
+    ),
+    Endpoint(
+        # Translated to the OpenAI-compatible fake (the default upstream is not Anthropic's).
+        "anthropic messages",
+        "POST",
+        "/v1/messages",
+        bodies.messages_bodies | bodies.raw_garbage,
+        share=0.5,
+        door="anthropic",
+    ),
+    Endpoint(
+        "anthropic count tokens",
+        "POST",
+        "/v1/messages/count_tokens",
+        bodies.messages_bodies | bodies.raw_garbage,
+        share=0.2,
+        door="anthropic",
     ),
     Endpoint(
         "context preview",

@@ -1,4 +1,4 @@
-"""The fuzz of both endpoints: how many bodies, and what a run checks after each one."""
+"""The fuzz of every endpoint: how many bodies, and what a run checks after each one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 
-# Per endpoint in `make test`; `make reliability` sets RELIABILITY_BODIES=10000 (x2 endpoints).
+# Per endpoint in `make test` (scaled by its share: endpoints.py); `make reliability` sets
+# RELIABILITY_BODIES=10000.
 BODIES_PER_ENDPOINT = int(os.environ.get("RELIABILITY_BODIES", "1000"))
 OWN_500 = "The proxy failed to handle this request."
 
@@ -26,8 +27,9 @@ class Tally:
         upstream_calls_before: int,
         upstream_calls_after: int,
         what: str,
+        door: str = "openai",
     ) -> None:
-        """No 5xx of our own; every 4xx in OpenAI's shape."""
+        """No 5xx of our own; every 4xx in its door's shape (OpenAI's, or Anthropic's)."""
         self.bodies += 1
         status = response.status_code
         self.by_status[status] = self.by_status.get(status, 0) + 1
@@ -39,7 +41,11 @@ class Tally:
                 self.failures.append(f"{status} {response.text[:200]} for {what[:300]}")
         elif status >= 400 and upstream_calls_after == upstream_calls_before:
             # The proxy's own 4xx (a relayed one is the upstream's bytes, unchanged).
-            problem = openai_error_problem(response)
+            problem = (
+                anthropic_error_problem(response)
+                if door == "anthropic"
+                else openai_error_problem(response)
+            )
             if problem:
                 self.failures.append(f"{status} {problem} for {what[:300]}")
 
@@ -56,6 +62,25 @@ def openai_error_problem(response: httpx.Response) -> str | None:
         return f"error keys {sorted(error)}"
     if not isinstance(error["message"], str) or not isinstance(error["type"], str):
         return "message/type not strings"
+    if len(response.content) > 2000:
+        return f"error body of {len(response.content)} bytes (an echo not capped?)"
+    return None
+
+
+def anthropic_error_problem(response: httpx.Response) -> str | None:
+    """What is wrong with an error body of the Anthropic door (None: its documented shape,
+    ``{"type": "error", "error": {"type": ..., "message": ...}}``)."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return f"not JSON: {response.text[:100]!r}"
+    if not isinstance(body, dict) or body.get("type") != "error":
+        return f"not an Anthropic error object: {response.text[:100]!r}"
+    error = body.get("error")
+    if not isinstance(error, dict):
+        return "error is not an object"
+    if not isinstance(error.get("type"), str) or not isinstance(error.get("message"), str):
+        return "type/message not strings"
     if len(response.content) > 2000:
         return f"error body of {len(response.content)} bytes (an echo not capped?)"
     return None

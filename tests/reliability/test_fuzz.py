@@ -54,7 +54,18 @@ def _encoded(raw: bytes, coding: str) -> tuple[bytes, str]:
     return (raw[: len(raw) // 2] if lie == "cut" else raw), name
 
 
-SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "fuzz-1", "ユ"])
+SESSIONS = st.sampled_from([None, "seeded-chat", "seeded-server", "seeded-compact", "fuzz-1", "ユ"])
+# A compaction of the seeded session: compacted before the fuzz, and again after it.
+SEEDED_COMPACTION = {
+    "model": "gpt-4o",
+    "input": [
+        {"role": "user", "content": "Find the port."},
+        {"type": "function_call", "call_id": "c1", "name": "grep", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "PORT = 8731"},
+        {"role": "assistant", "content": "It is 8731."},
+    ],
+}
+TABLES = ("sessions", "items", "responses", "summaries")
 
 
 def _seed(client: httpx.Client, proxy: ProxyServer) -> None:
@@ -74,13 +85,25 @@ def _seed(client: httpx.Client, proxy: ProxyServer) -> None:
         headers={"x-session-id": "seeded-responses"},
     )
     assert r.status_code == 200, r.text
+    r = _compact_seeded(client, proxy)
+    assert r.headers["x-context-compaction"] == "created", r.text
     proxy.drain()
+
+
+def _compact_seeded(client: httpx.Client, proxy: ProxyServer) -> httpx.Response:
+    r = client.post(
+        f"{proxy.url}/v1/responses/compact",
+        content=orjson.dumps(SEEDED_COMPACTION),
+        headers={"x-session-id": "seeded-compact"},
+    )
+    assert r.status_code == 200, r.text
+    return r
 
 
 def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     return {
         table: [tuple(row) for row in query(db, f"SELECT * FROM {table} ORDER BY rowid")]
-        for table in ("sessions", "items", "responses")
+        for table in TABLES
     }
 
 
@@ -89,7 +112,8 @@ def _unchanged(
 ) -> None:
     # Items and responses are append-only: every row stored before is still there, byte for
     # byte. A session row's head and version move when a fuzzed body is a valid request.
-    for table in ("items", "responses"):
+    # Summaries too: a fuzzed compaction adds its own, never changes one stored before.
+    for table in TABLES[1:]:
         assert after[table][: len(before[table])] == before[table], table
     keys_before = {row[:3] for row in before["sessions"]}
     assert keys_before <= {row[:3] for row in after["sessions"]}
@@ -129,7 +153,7 @@ def _fuzz(proxy: ProxyServer, both: Both, endpoint: Endpoint, tally: Tally) -> N
         url = endpoint.url(proxy.url, id_)
         response = client.request(endpoint.method, url, content=raw, headers=headers)
         what = f"{endpoint.method} {url} {headers} {(raw or b'')[:300]!r}"
-        tally.check(response, calls, both.calls(), what)
+        tally.check(response, calls, both.calls(), what, endpoint.door)
 
     try:
         one()
@@ -168,6 +192,11 @@ def test_fuzzed_requests_on_every_endpoint_get_no_500_and_leave_the_store_intact
     figure("requests fuzzed (every endpoint)", sum(t.bodies for t in tallies.values()))
     assert failures == [], "\n".join(failures[:20])
     _unchanged(before, _snapshot(db))
+    with httpx.Client(timeout=10, headers={"authorization": "Bearer sk-fuzz"}) as client:
+        # The seeded compaction, asked again of the same conversation: its stored summary,
+        # read back whole, answers (no summarizer call, nothing new made).
+        again = _compact_seeded(client, proxy)
+    assert again.headers["x-context-compaction"] == "reused", again.text
     # The proxy still answers, and the seeded server-held session still replays.
     r = httpx.post(
         f"{proxy.url}/v1/chat/completions",

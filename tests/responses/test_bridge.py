@@ -9,13 +9,14 @@ import httpx
 import openai
 import orjson
 import pytest
+import structlog
 
 from proxy.config.loader import parse_config
 from proxy.errors import ConfigError
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.anthropic import Reply as AnthropicReply
 from tests.fakes.upstream import Reply
-from tests.harness import ProxyServer
+from tests.harness import ProxyServer, query
 from tests.openapi import validate
 
 # litellm builds some pydantic schemas lazily, on first use; not ours to fix.
@@ -185,6 +186,48 @@ def test_chat_upstream_error_is_relayed_in_openai_shape(fake, start_proxy, tmp_p
         client(proxy).responses.create(model="gpt-4o", input="x")
 
     assert "slow down" in failed.value.message
+
+
+def test_chained_turn_reaches_a_server_that_takes_only_string_content(fake, start_proxy, tmp_path):
+    """llama-cpp-python's chat formats take ``content`` as a string: the stored
+    assistant turn, replayed as text parts, is sent joined into one."""
+    upstream, server = fake
+    upstream.string_content_only = True
+    proxy = start_proxy(config=bridged(server.url, tmp_path))
+    c = client(proxy)
+    first = c.responses.create(model="gpt-4o", input="one", instructions="be brief")
+    second = c.responses.create(
+        model="gpt-4o",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "two"}]}],
+        previous_response_id=first.id,
+    )
+
+    assert second.output_text == "echo: two"
+    assert [(m["role"], m["content"]) for m in upstream.received[-1].json["messages"]] == [
+        ("user", "one"),
+        ("assistant", "echo: one"),
+        ("user", "two"),
+    ]
+
+
+def test_upstream_5xx_through_the_bridge_is_named_in_the_row_and_the_log_line(
+    fake, start_proxy, tmp_path
+):
+    upstream, server = fake
+    upstream.replies.append(Reply(status=500))
+    proxy = start_proxy(config=bridged(server.url, tmp_path))
+    with structlog.testing.capture_logs() as logs, pytest.raises(openai.InternalServerError):
+        client(proxy).responses.create(
+            model="gpt-4o", input="x", extra_headers={"x-session-id": "s5"}
+        )
+    proxy.drain()
+
+    [row] = query(tmp_path / "ctxproxy.db", "SELECT status, error FROM requests")
+    assert row["status"] == 500
+    assert "The upstream answered 500" in row["error"]
+    assert "scripted failure" in row["error"]
+    [line] = [e for e in logs if e["event"] == "request_completed"]
+    assert line["error"] == row["error"] and line["log_level"] == "warning"
 
 
 @pytest.mark.parametrize(

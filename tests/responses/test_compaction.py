@@ -39,6 +39,8 @@ SESSION = {"X-Session-Id": "codex-1"}
 ADMIN_KEY = "adm-compaction-0123"
 # What the SDK sends besides: the client's key (a request without one stores nothing).
 HEADERS = {**SESSION, "Authorization": "Bearer sk-test"}
+# About a turn a compaction folds away: history()'s assistant answer has its words.
+QUESTION = "Which port did you say the server listens on?"
 
 
 def user(text: str) -> dict[str, Any]:
@@ -79,17 +81,23 @@ def proxy_config(
     compaction: str | None = None,
     policy: str = "passthrough",
     shared: dict[str, Any] | None = None,
+    summarizer_keys: dict[str, Any] | None = None,
 ) -> Any:
+    summarizer_spec = {"upstream": "summarizer", "model": "small", "timeout_s": 5}
     route: dict[str, Any] = {
         "match": {"path": "/v1/responses"},
         "upstream": "default",
         "policy": policy,
-        "compaction_summarizer": {"upstream": "summarizer", "model": "small", "timeout_s": 5},
+        "compaction_summarizer": {**summarizer_spec, **(summarizer_keys or {})},
     }
     if compaction is not None:
         route["compaction"] = compaction
     recall = {"max_tokens": 150, "neighbors": 1}
-    policies = {"recalling": {"strategy": "trim", "max_tokens": 200, "recall": recall}}
+    policies = {
+        "recalling": {"strategy": "trim", "max_tokens": 200, "recall": recall},
+        # Room for whatever the folded turns held (recall spends at most what a fold saved).
+        "recalling_wide": {"strategy": "trim", "max_tokens": 4000, "recall": {"max_tokens": 1000}},
+    }
     return make_config(
         responses.url,
         tmp_path,
@@ -442,7 +450,7 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     sdk = client(recalling)
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
     retained = [i for i in history() if i.get("role") == "user"]
-    question = user("Which port does the server listen on?")
+    question = user(QUESTION)
     answer = sdk.responses.with_raw_response.create(
         model="m", input=[*retained, item.model_dump(exclude_none=True), question]
     )
@@ -455,6 +463,38 @@ def test_recall_reaches_a_turn_the_compaction_folded_away(
     summary = [i for i in received.json["input"] if "Summary of the earlier" in json.dumps(i)]
     assert "8731" not in json.dumps(summary)
     assert "compaction" not in [i.get("type") for i in received.json["input"]]
+
+
+def test_recall_never_quotes_an_expanded_summary_or_a_compaction_item(
+    start: Any,
+    responses_upstream: tuple[FakeResponses, AiohttpServer],
+    tmp_path: Path,
+):
+    recalling = start(policy="recalling_wide")
+    sdk = client(recalling)
+    first = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    call = {"type": "function_call", "call_id": "c2", "name": "ls", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c2", "output": "settings.py"}
+    window = [*retained, first.model_dump(exclude_none=True), call, output]
+    second = sdk.responses.create(model="m", input=[*window, TRIGGER]).output[0]
+    # The session's stored history now holds the first summary, expanded (the second
+    # window's input), among the turns the second compaction folded away.
+    question = user("What goal and context did the fake summary and its compaction give?")
+    sdk.responses.create(
+        model="m", input=[*retained, second.model_dump(exclude_none=True), question]
+    )
+    (received,) = responses_upstream[0].received
+    sent = json.dumps(received.json["input"])
+    assert "fake summary 2" in sent and "fake summary 1" not in sent
+    recalling.drain()
+    rows = query(tmp_path / "other" / "ctxproxy.db", "SELECT detail_json FROM requests")
+    recall = json.loads(rows[-1]["detail_json"])["recall"]
+    stored = query(tmp_path / "other" / "ctxproxy.db", "SELECT id, message_json FROM items")
+    summaries = {r["id"] for r in stored if "Summary of the earlier" in r["message_json"]}
+    items = {r["id"] for r in stored if '"compaction' in r["message_json"]}
+    assert summaries and items
+    assert not {hit[1] for hit in recall["hits"]} & (summaries | items)
 
 
 def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns(
@@ -486,6 +526,43 @@ def test_a_second_compaction_extends_the_first_summary_with_only_the_newer_turns
     # The stored session holds each compaction item as the answer it was.
     stored = query(tmp_path / "ctxproxy.db", "SELECT role FROM items WHERE role = 'compaction'")
     assert len(stored) == 2
+
+
+def test_a_second_compaction_after_tool_calls_extends_the_first_summary_as_codex_sends_it(
+    proxy: ProxyServer, fake: tuple[FakeUpstream, AiohttpServer], tmp_path: Path
+):
+    # Codex's window after a compaction: its retained user messages, the item, then the
+    # model's own tool calls (no new user message: the covered prefix ends mid-turn).
+    sdk = client(proxy)
+    first = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
+    retained = [i for i in history() if i.get("role") == "user"]
+    call = {
+        "type": "function_call",
+        "call_id": "c2",
+        "name": "exec_command",
+        "arguments": '{"cmd":"cat settings.py"}',
+    }
+    output = {"type": "function_call_output", "call_id": "c2", "output": "SETTINGS_V2 = True"}
+    window = [*retained, first.model_dump(exclude_none=True), call, output]
+    second = sdk.responses.create(model="m", input=[*window, TRIGGER])
+    assert [o.type for o in second.output] == ["compaction"]
+    calls = fake[0].summarizer_requests
+    assert len(calls) == 2
+    prompt = calls[1].json["messages"][-1]["content"]
+    summary, _, newer = prompt.partition("New turns since then:")
+    # The first summary as the previous one, never as a turn; only the call and its output new.
+    assert "fake summary 1" in summary and "fake summary 1" not in newer
+    assert "Summary of the earlier conversation" not in prompt
+    assert "SETTINGS_V2" in newer and "Find the port" not in newer and "rename" not in newer
+    proxy.drain()
+    sql = "SELECT detail_json FROM requests ORDER BY id"
+    wait_until(lambda: len(query(tmp_path / "ctxproxy.db", sql)) == 2)
+    detail = json.loads(query(tmp_path / "ctxproxy.db", sql)[-1]["detail_json"])["compaction"]
+    assert detail["incremental"] is True and detail["new_items"] == 2
+    # It covers the whole conversation: the restored turns, the window, the new items.
+    assert detail["covered_items"] == len(history()) + len(window)
+    item = second.output[0].model_dump()
+    assert decode(item["encrypted_content"]).items == detail["covered_items"]
 
 
 def test_the_viewer_shows_each_compaction(proxy: ProxyServer):
@@ -664,7 +741,7 @@ def test_the_codex_flow_on_the_shared_stores(
     sdk = client(start(policy="recalling", shared=shared_store))
     item = sdk.responses.create(model="m", input=[*history(), TRIGGER]).output[0]
     retained = [i for i in history() if i.get("role") == "user"]
-    question = user("Which port does the server listen on?")
+    question = user(QUESTION)
     sdk.responses.create(model="m", input=[*retained, item.model_dump(exclude_none=True), question])
     (received,) = responses_upstream[0].received
     sent = json.dumps(received.json["input"])

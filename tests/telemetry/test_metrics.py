@@ -171,7 +171,7 @@ def test_requests_latency_and_tokens_are_counted_by_route_policy_and_status(fake
     # Four exchanges with a session were written (the 404 had no route to file it under).
     assert value(s, "ctxproxy_store_duration_seconds_count", operation="write") == 4
     assert value(s, "ctxproxy_active_streams") == 0
-    assert value(s, "ctxproxy_token_calibration_samples", model="gpt-4o") == 2
+    assert value(s, "ctxproxy_token_calibration_samples", upstream="default", model="gpt-4o") == 2
 
 
 def test_active_streams_counts_streams_being_relayed(fake, start_proxy):
