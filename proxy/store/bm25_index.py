@@ -9,14 +9,19 @@ and the ids of the session's items holding each term. Then, here:
 
 1. each term's ``n`` is its count; common terms (:func:`~proxy.store.bm25.informative`)
    are remembered as such for the session, so later searches do not fetch them;
-2. every candidate's position, token count and content hash (:class:`Detail`,
-   read once and kept: an item never changes);
-3. the words the candidates' messages say more than once
+2. the candidates grouped by the terms they hold, the group that can score
+   most first (:class:`_Scores`: its scores computed once per token count, as
+   most candidates say each term once); a group whose most cannot reach the
+   ``limit``-th best so far ends the walk, with every group after it: their
+   candidates are never scored (a ``limit`` above :data:`READ` walks them all);
+3. every candidate's position, token count and content hash (:class:`Detail`,
+   read once, in one statement, and kept: an item never changes);
+4. the words the candidates' messages say more than once
    (:func:`~proxy.store.bm25.repeated`,
    also kept: a chat message repeats few words, and any other term the index
    found in it is said once), for the candidates whose best can still reach
    the ``limit``-th least (each term said once), at most :data:`READ` of them;
-4. the exact scores and the order, best first and the newest of equals first.
+5. the exact scores and the order, best first and the newest of equals first.
    Exact as the other backends' unless more than :data:`READ` candidates can
    still rank, which takes a query of common words only.
 
@@ -116,20 +121,66 @@ async def _through(
 ) -> dict[int, V]:
     """What ``cache`` holds of ``rowids``, and the rest fetched (rows whose first column
     is the id, :data:`CHUNK` at a time), read and kept (the ``keep`` most recent)."""
-    out = {}
-    missing = []
-    for rowid in rowids:
-        known = cache.get(rowid)
-        if known is None:
-            missing.append(rowid)
-        else:
-            out[rowid] = known
+    # Comprehensions: most of a search's candidates are known (the hot path).
+    out = {rowid: known for rowid in rowids if (known := cache.get(rowid)) is not None}
+    missing = [rowid for rowid in rowids if rowid not in out] if len(out) < len(rowids) else []
     for start in range(0, len(missing), CHUNK):
         for row in await fetch(missing[start : start + CHUNK]):
             out[int(row[0])] = cache[int(row[0])] = read(row)
     while len(cache) > keep:
         cache.popitem(last=False)
     return out
+
+
+class _Scores:
+    """One search's :func:`~proxy.store.bm25.score` of its candidates, each given as the
+    mask of the ``chosen`` terms it holds (bit i: ``chosen[i]``, so summed in their order)
+    and its token count. Most candidates say each of their terms once, and many share
+    their terms and their length: those scores are computed once a search."""
+
+    def __init__(self, chosen: Sequence[str], weights: Mapping[str, float], average: float):
+        self._weights = [weights[t] for t in chosen]
+        # A term's words (one, mostly; several: the rarest counts, :func:`frequency`).
+        self._stems = [tuple(words(t)) for t in chosen]
+        self._any = frozenset(w for ws in self._stems for w in ws)
+        self._average = average
+        self._terms: dict[int, list[int]] = {}
+        self._once: dict[tuple[int, int | None], float] = {}
+        self._most: dict[int, float] = {}
+
+    def _indices(self, mask: int) -> list[int]:
+        found = self._terms.get(mask)
+        if found is None:
+            found = [i for i in range(len(self._weights)) if mask >> i & 1]
+            self._terms[mask] = found
+        return found
+
+    def once(self, mask: int, tokens: int | None) -> float:
+        """The score of an item saying each of its terms once (the least it can have)."""
+        value = self._once.get((mask, tokens))
+        if value is None:
+            pairs = [(self._weights[i], 1) for i in self._indices(mask)]
+            value = self._once[mask, tokens] = score(pairs, tokens, self._average)
+        return value
+
+    def exact(self, mask: int, tokens: int | None, repeats: Mapping[str, int]) -> float:
+        """The score of an item that repeats ``repeats`` (:func:`~proxy.store.bm25.repeated`)."""
+        # Most items repeat none of the query's words (a test in C, over the few it repeats).
+        if not self._any.isdisjoint(repeats):
+            indices = self._indices(mask)
+            said = [frequency(repeats, self._stems[i]) for i in indices]
+            if any(n > 1 for n in said):
+                pairs = [(self._weights[i], n) for i, n in zip(indices, said, strict=True)]
+                return score(pairs, tokens, self._average)
+        return self.once(mask, tokens)
+
+    def most(self, mask: int) -> float:
+        """More than the item can score, whatever its frequencies and length: a term adds
+        less than weight * (K1 + 1)."""
+        value = self._most.get(mask)
+        if value is None:
+            value = self._most[mask] = sum((K1 + 1) * self._weights[i] for i in self._indices(mask))
+        return value
 
 
 class Bm25Index:
@@ -191,54 +242,61 @@ class Bm25Index:
             return []
         df = dict(zip(quoted, counts, strict=True))
         weights = {t: weight(items, df[t]) for t in chosen}
-        # Each candidate's terms, in the order of ``chosen``: its sum is the same floats
-        # as the other backends' (proxy/store/memory_search.py, the Redis script).
-        held: dict[int, list[str]] = {}
-        for t in chosen:
+        # Each candidate's terms as a mask (bit i: ``chosen[i]``), so in the order of
+        # ``chosen``: its sum is the same floats as the other backends'
+        # (proxy/store/memory_search.py, the Redis script).
+        held: dict[int, int] = {}
+        for i, t in enumerate(chosen):
+            bit = 1 << i
             for rowid in matches[t]:
-                held.setdefault(rowid, []).append(t)
-        average = average_length(totals[1], items)
+                held[rowid] = held.get(rowid, 0) | bit
+        # The candidates by their terms, those that can score most first.
+        score_of = _Scores(chosen, weights, average_length(totals[1], items))
+        groups: dict[int, list[int]] = {}
+        for rowid, mask in held.items():
+            groups.setdefault(mask, []).append(rowid)
         bound = _NO_LIMIT if before is None else before
-        live = {
-            rowid: detail
-            for rowid, detail in (await self._detailed(list(held))).items()
-            if detail.position < bound and detail.session_id == stats.session_id
-        }
-        # A term's words (one, mostly: looked up directly, the hot loop of a search).
-        stems = {t: tuple(words(t)) for t in chosen}
-        single = {t: ws[0] for t, ws in stems.items() if len(ws) == 1}
-
-        def exact(rowid: int, repeats: Mapping[str, int]) -> float:
-            pairs = [
-                (
-                    weights[t],
-                    repeats.get(single[t], 1) if t in single else frequency(repeats, stems[t]),
-                )
-                for t in held[rowid]
-            ]
-            return score(pairs, live[rowid].tokens, average)
-
         # Candidates whose repeated words are known score exactly; the others' least
         # (each term said once) is scored, and their messages read only if their most
         # (a term adds less than weight * (K1 + 1) whatever its frequency) reaches the
-        # limit-th best of all: at most READ of them, the best by their least.
-        ranked = []
-        unread = []
-        for rowid in live:
-            repeats = self._repeats.get(rowid)
-            if repeats is None:
-                unread.append((exact(rowid, _NONE), rowid))
-            else:
-                ranked.append((exact(rowid, repeats), rowid))
+        # limit-th best of all (``best``, the ``limit`` best values so far): at most READ
+        # of them, the best by their least. Once a group's most is below it, so are the
+        # others' (sorted): never looked at.
+        live: dict[int, Detail] = {}
+        ranked: list[tuple[float, int]] = []
+        unread: list[tuple[float, int]] = []
+        best: list[float] = []
+        known, once, session_id = self._repeats.get, score_of.once, stats.session_id
+        # Details not known yet read in one statement (a round trip per group would cost
+        # more than the rows a walk leaves out).
+        if unknown := [rowid for rowid in held if rowid not in self._details]:
+            await self._detailed(unknown)
+        for mask in sorted(groups, key=score_of.most, reverse=True):
+            # A hair below: bounds summed in another order than the scores.
+            if len(best) == limit <= READ and score_of.most(mask) < best[-1] * (1 - 1e-9):
+                break
+            fresh = [
+                (rowid, detail)
+                for rowid, detail in (await self._detailed(groups[mask])).items()
+                if detail.position < bound and detail.session_id == session_id
+            ]
+            live.update(fresh)
+            values = []
+            for rowid, detail in fresh:
+                repeats = known(rowid)
+                if repeats is None:
+                    unread.append((value := once(mask, detail.tokens), rowid))
+                else:
+                    ranked.append((value := score_of.exact(mask, detail.tokens, repeats), rowid))
+                values.append(value)
+            best = sorted([*best, *values], reverse=True)[:limit]
         if unread:
-            floor = -math.inf
-            if len(ranked) + len(unread) > limit:
-                # A hair below: bounds summed in another order than the scores.
-                floor = heapq.nlargest(limit, [*ranked, *unread])[-1][0] * (1 - 1e-9)
-            most = {t: (K1 + 1) * w for t, w in weights.items()}
-            unread = [(s, r) for s, r in unread if sum(most[t] for t in held[r]) >= floor]
+            floor = best[-1] * (1 - 1e-9) if len(best) == limit else -math.inf
+            unread = [(s, r) for s, r in unread if score_of.most(held[r]) >= floor]
             said = await self._repeated([r for _, r in heapq.nlargest(READ, unread)])
-            ranked += [(exact(r, repeats), r) for r, repeats in said.items()]
+            ranked += [
+                (score_of.exact(held[r], live[r].tokens, repeats), r) for r, repeats in said.items()
+            ]
         # Best first, the newest of equals first (ids grow).
         return [
             SearchHit(rowid, live[rowid].position, live[rowid].content_hash, value)
