@@ -4,7 +4,7 @@ Two sets of sessions, replayed as Codex plays them on the Responses API
 (``store: false``, the whole history resent every turn, no
 ``previous_response_id``):
 
-- ``tau``: the tau-bench airline conversations of ../shared/data
+- ``tau``: the tau-bench airline conversations of the bench data folder (bench/datasets.py)
   (tau-airline-dev.json, MIT), chat messages turned into Responses items
   (tool calls into ``function_call``/``function_call_output`` pairs), one fact
   planted in each conversation's first tool output (a booking reference, a
@@ -39,7 +39,7 @@ proxy counts items, tool definitions included) and the cached share an
 OpenAI-style prefix cache (tests/fakes/prefix_cache.py, per prompt_cache_key)
 would serve.
 
-    python bench/agents.py [--every 1500] [--recall 1000 500 2000] [--data ../shared/data]
+    python bench/agents.py [--every 1500] [--recall 1000 500 2000] [--data DIR]
         [--limit 100] [--facts]
 """
 
@@ -66,6 +66,7 @@ import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from bench.agent_sessions import Item, Session, codex_session, tau_sessions, text_item  # noqa: E402
+from bench.datasets import DATA  # noqa: E402
 from policies.transcript import SUMMARY_HEADER  # noqa: E402
 from proxy.responses.items import ItemCounter  # noqa: E402
 from proxy.telemetry.logging import configure_logging  # noqa: E402
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[1000, 500, 2000],
         help="recall budgets, one row each; the target is checked at the first",
     )
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--limit", type=int, default=100, help="tau conversations to replay")
     parser.add_argument("--facts", action="store_true", help="list tau's facts one by one too")
     args = parser.parse_args(argv)

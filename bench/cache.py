@@ -1,7 +1,7 @@
 """What the provider's prompt cache makes of each policy: tokens sent, cached, and paid for.
 
-Replays every conversation of ../shared/data/tau-airline-dev.json and
-../shared/data/locomo-dev.json, one request before each assistant message (a
+Replays every conversation of the bench data folder's tau-airline-dev.json and
+the bench data folder's locomo-dev.json, one request before each assistant message (a
 user turn, and in tau's agent loops each step after a tool result), through
 each policy, and sends what the policy forwards to the simulated OpenAI prefix
 cache of tests/fakes/prefix_cache.py (the one the tests use: per-conversation
@@ -38,11 +38,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# ../shared from the checkout (a worktree's is one level further up).
-DATA = next(
-    (p / "shared" / "data" for p in (ROOT.parent, ROOT.parent.parent) if (p / "shared").is_dir()),
-    ROOT.parent / "shared" / "data",
-)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 _litellm = importlib.util.find_spec("litellm")
@@ -53,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
+from bench.datasets import DATA  # noqa: E402
 from policies.apply import apply  # noqa: E402
 from policies.modes import BALANCED, CONCISE, FULL  # noqa: E402
 from policies.summarize import limit_of  # noqa: E402

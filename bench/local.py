@@ -1,7 +1,8 @@
 """What each policy costs a local llama.cpp server: prompt tokens it processed vs reused.
 
 Replays the first ``--turns`` turns of the longest LoCoMo conversation
-(../shared/data/locomo-dev.json), one request before each assistant message,
+(locomo-dev.json in the bench data folder: bench/datasets.py), one request
+before each assistant message,
 through the proxy to llama-cpp-python's server with Gemma 3 270M (the one
 tests/local/ start: ``n_ctx`` 4096, the ``gemma`` format, one slot), one
 policy at a time, each on a fresh proxy (so each starts uncalibrated) and
@@ -34,15 +35,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = next(
-    (p / "shared" / "data" for p in (ROOT.parent, ROOT.parent.parent) if (p / "shared").is_dir()),
-    ROOT.parent / "shared" / "data",
-)
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from bench.datasets import DATA  # noqa: E402
 from proxy.config.loader import parse_config  # noqa: E402
 from proxy.ops.replay import load_file  # noqa: E402
 from tests.harness import LoopThread, ProxyServer  # noqa: E402

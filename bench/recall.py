@@ -1,6 +1,7 @@
 """Recall on LoCoMo: evidence that reaches the upstream, time recall adds, what indexing costs.
 
-For each answerable question of ../shared/data/locomo-dev.json (categories 1-4,
+For each answerable question of locomo-dev.json (in the bench data folder:
+bench/datasets.py; categories 1-4,
 with evidence turns), the whole conversation is stored in a SQLite store (as
 the proxy stores it, FTS5 index included), then the question is asked as the
 newest user message after it. At 10% and 25% of the full history's tokens:
@@ -60,6 +61,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import recall_embeddings, recall_folds
+from bench.datasets import LOCOMO
 from bench.door import add_door_option
 from bench.recall_data import CATEGORIES, Question, load
 from bench.recall_folds import Outcome
@@ -93,9 +95,6 @@ from proxy.store.sqlite import SqliteStore
 from proxy.store.sqlite_search import SqliteRecallIndex
 from proxy.telemetry.metrics import Metrics
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"
-if not DATA.exists():
-    DATA = Path("/work/shared/data/locomo-dev.json")
 FRACTIONS = (0.10, 0.25)
 SHARES = (0.5, 0.7, 0.8, 0.9)
 # The same with ``expand: true`` (a second search with the best hits' words).
@@ -322,8 +321,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--data",
         type=Path,
-        default=DATA,
-        help=f"LoCoMo or LongMemEval JSON (default {DATA}; never copied into the project)",
+        default=LOCOMO,
+        help=f"LoCoMo or LongMemEval JSON (default {LOCOMO}; never copied into the project)",
     )
     parser.add_argument(
         "--encoder",

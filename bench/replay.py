@@ -1,6 +1,6 @@
 """Replay real conversations through example policies, one request per user message.
 
-For each dataset (../shared/data: tau-bench airline, LoCoMo) and policy prints:
+For each dataset (the bench data folder, bench/datasets.py: tau-bench airline, LoCoMo) and policy prints:
 
 - tokens sent vs the full history: mean over requests, and at each
   conversation's last request (mean over conversations);
@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 
 # Before anything imports litellm or tiktoken: no network, bundled encodings.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -50,6 +49,7 @@ if _litellm is not None and _litellm.origin is not None:
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_tokenizers))
 sys.path.insert(0, str(ROOT))
 
+from bench.datasets import DATA  # noqa: E402
 from bench.door import add_door_option, invalid, through  # noqa: E402
 from bench.replay_summaries import (  # noqa: E402
     TokenStats,

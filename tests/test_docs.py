@@ -207,12 +207,12 @@ def cli_problems(args: list[str], root: argparse.ArgumentParser) -> list[str]:
 
 
 def file_arguments(args: list[str]) -> list[str]:
-    """Arguments that are paths into the repository (the dev data path aside)."""
+    """Arguments that are paths into the repository."""
     return [
         a
         for a in args
         if "/" in a
-        and not a.startswith(("/", "$", "-", "../shared/"))
+        and not a.startswith(("/", "$", "-"))
         and not re.match(r"^[a-z]+://", a)
         and not is_placeholder(a)
     ]
@@ -279,9 +279,14 @@ def test_every_metric_and_command_has_its_reference_entry():
 def test_the_readme_is_a_manual_s_front_page():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 250
-    assert "../shared" not in text  # the dev data sets are not in a user's clone
     for concept in ("Trim", "Summarize", "Recall", "Mask", "Store"):
         assert f"**{concept}**" in text
+
+
+def test_no_page_points_at_the_development_data_folder():
+    # ../shared is beside the project's development checkouts, not a user's clone.
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    assert [str(p.relative_to(REPO)) for p in pages if "../shared" in p.read_text()] == []
 
 
 def test_the_readme_s_minimal_config_is_accepted(tmp_path):
