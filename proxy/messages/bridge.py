@@ -27,13 +27,13 @@ from proxy.config.model import UpstreamConfig
 from proxy.errors import anthropic_type
 from proxy.upstream.base import UpstreamRequest
 from proxy.upstream.litellm_stream import (
+    JsonResponse,
     LitellmStream,
     failure_response,
     litellm_target,
     open_stream,
 )
 from proxy.upstream.litellm_support import bearer, load_litellm, parse_object
-from proxy.upstream.provider import JsonResponse
 
 # Messages fields handed to litellm: an allowlist (litellm reads other kwargs as its
 # own configuration: api_base, extra_headers, mock_response ...).

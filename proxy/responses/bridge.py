@@ -22,13 +22,14 @@ import orjson
 from proxy.config.model import UpstreamConfig
 from proxy.upstream.base import UpstreamRequest
 from proxy.upstream.litellm_stream import (
+    JsonResponse,
     LitellmStream,
     failure_response,
     litellm_target,
     open_stream,
 )
 from proxy.upstream.litellm_support import bearer, load_litellm, parse_object
-from proxy.upstream.provider import JsonResponse, error_body
+from proxy.upstream.provider import error_body
 
 # Responses fields handed on to litellm: an allowlist, for the reason
 # proxy.upstream.provider.CHAT_FIELDS gives (litellm reads other kwargs as its

@@ -1,6 +1,7 @@
-"""What the litellm bridges share (Responses: proxy/responses/bridge.py; Anthropic
-Messages: proxy/messages/bridge.py): the upstream litellm is pointed at, a provider
-stream relayed as SSE event by event, and a provider's failure as a status and a body.
+"""What the litellm upstreams share (chat: proxy/upstream/provider.py; Responses:
+proxy/responses/bridge.py; Anthropic Messages: proxy/messages/bridge.py): the
+upstream litellm is pointed at, a whole answer, a provider stream relayed as SSE
+event by event, and a provider's failure as a status and a body.
 """
 
 from __future__ import annotations
@@ -17,10 +18,30 @@ from proxy.upstream.litellm_support import (
     retry_after_of,
     unwrap,
 )
-from proxy.upstream.provider import JsonResponse
 
 SSE = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
 JSON = [("content-type", "application/json")]
+
+
+class JsonResponse:
+    """A whole answer: the door's answer object or an error body."""
+
+    def __init__(
+        self, status: int, body: bytes, headers: list[tuple[str, str]] | None = None
+    ) -> None:
+        self.status = status
+        self.headers = list(headers if headers is not None else JSON)
+        self._body = body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def close(self) -> None:
+        return None
+
 
 # An error body in the door's shape: (the provider's message, status, the error).
 ErrorBody = Callable[[str, int, BaseException], bytes]
@@ -41,12 +62,25 @@ class LitellmStream:
 
     status = 200
 
-    def __init__(self, lib: Litellm, stream: Any, first: Any, encode: Callable[[Any], bytes]):
+    def __init__(
+        self,
+        lib: Litellm,
+        stream: Any,
+        first: Any,
+        encode: Callable[[Any], bytes],
+        *,
+        end: bytes = b"",
+        closed: Callable[[LitellmStream], None] | None = None,
+    ) -> None:
+        """``end``: what follows the last event (chat's ``[DONE]``); ``closed``: told once
+        the provider's stream is closed (its owner stops tracking it)."""
         self.headers = list(SSE)
         self._lib = lib
         self._stream = stream
         self._first = first
         self._encode = encode
+        self._end = end
+        self._closed_hook = closed
         self._closed = False
 
     async def read(self) -> bytes:
@@ -70,6 +104,8 @@ class LitellmStream:
                     message = provider_message(unwrap(exc))
                     raise UpstreamError(f"The provider stream failed: {message}") from exc
                 if event is None:
+                    if self._end:
+                        yield self._end
                     return
                 yield self._encode(event)
         finally:
@@ -79,6 +115,8 @@ class LitellmStream:
         if self._closed:
             return
         self._closed = True
+        if self._closed_hook is not None:
+            self._closed_hook(self)
         close = getattr(self._stream, "aclose", None)
         if close is not None:
             await close()

@@ -16,16 +16,15 @@ built: routes to OpenAI-compatible upstreams never pay for it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
-from proxy.errors import UpstreamError
 from proxy.upstream.base import UpstreamRequest
+from proxy.upstream.litellm_stream import JSON, JsonResponse, LitellmStream
 from proxy.upstream.litellm_support import (
-    Litellm,
     bearer,
     error_status,
     load_litellm,
@@ -63,8 +62,6 @@ EMBEDDING_FIELDS = frozenset({"input", "dimensions", "encoding_format", "user"})
 # The paths a litellm upstream answers (below the upstream's /v1).
 PATHS = frozenset({"/chat/completions", "/embeddings"})
 
-_JSON = [("content-type", "application/json")]
-_SSE = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
 _DONE = b"data: [DONE]\n\n"
 
 # OpenAI's error type and code for a relayed provider status.
@@ -85,85 +82,6 @@ def error_body(message: str, status: int, code: str | None = None) -> bytes:
     )
     error = {"message": message, "type": kind, "param": None, "code": code or default_code}
     return orjson.dumps({"error": error})
-
-
-class JsonResponse:
-    """A whole answer: a chat.completion or an error body."""
-
-    def __init__(
-        self, status: int, body: bytes, headers: list[tuple[str, str]] | None = None
-    ) -> None:
-        self.status = status
-        self.headers = list(headers if headers is not None else _JSON)
-        self._body = body
-
-    async def read(self) -> bytes:
-        return self._body
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        yield self._body
-
-    async def close(self) -> None:
-        return None
-
-
-class StreamResponse:
-    """A litellm stream re-encoded as OpenAI SSE, one event per chunk as it arrives."""
-
-    status = 200
-
-    def __init__(
-        self, lib: Litellm, stream: Any, first: Any, model: str, owner: LitellmUpstream
-    ) -> None:
-        self.headers = list(_SSE)
-        self._lib = lib
-        self._stream = stream
-        self._first = first
-        self._model = model
-        self._owner = owner
-        self._closed = False
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_chunks()])
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        if self._closed:
-            return
-        try:
-            if self._first is not None:
-                first, self._first = self._first, None
-                yield self._event(first)
-            while not self._closed:
-                try:
-                    chunk = await anext(self._stream, None)
-                except self._lib.errors as exc:
-                    # Headers are sent already, so even a provider status is
-                    # raised: the caller reports it in-stream.
-                    unanswered = no_answer_error(self._lib, exc)
-                    if unanswered is not None:
-                        raise unanswered from exc
-                    message = provider_message(unwrap(exc))
-                    raise UpstreamError(f"The provider stream failed: {message}") from exc
-                if chunk is None:
-                    yield _DONE
-                    return
-                yield self._event(chunk)
-        finally:
-            # Whether finished, failed or abandoned by a departed client: stop the provider.
-            await self.close()
-
-    def _event(self, chunk: Any) -> bytes:
-        # The client asked for its own model name; litellm reports the provider's.
-        chunk.model = self._model
-        data: str = chunk.model_dump_json()
-        return b"data: " + data.encode() + b"\n\n"
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._owner._streams.discard(self)
-        await self._stream.aclose()
 
 
 class LitellmUpstream:
@@ -192,9 +110,9 @@ class LitellmUpstream:
         self.origin = f"Upstream {name!r} ({where})" if name else f"The provider ({where})"
         # Imported here, once, so the first request does not pay for it.
         self._lib = load_litellm()
-        self._streams: set[StreamResponse] = set()
+        self._streams: set[LitellmStream] = set()
 
-    async def send(self, request: UpstreamRequest) -> JsonResponse | StreamResponse:
+    async def send(self, request: UpstreamRequest) -> JsonResponse | LitellmStream:
         path = request.path.rstrip("/")
         if request.method != "POST" or path not in PATHS:
             message = f"{request.method} {request.path} is not supported by a litellm upstream."
@@ -247,13 +165,22 @@ class LitellmUpstream:
         result.model = client_model
         return JsonResponse(200, result.model_dump_json().encode())
 
-    async def _open_stream(self, stream: Any, client_model: str) -> JsonResponse | StreamResponse:
+    async def _open_stream(self, stream: Any, client_model: str) -> JsonResponse | LitellmStream:
         # Fetch the first chunk before answering: an error the provider sends
         # before any content must still become a status and a body.
         opened = False
         try:
             first = await anext(stream, None)
-            response = StreamResponse(self._lib, stream, first, client_model, self)
+
+            def event(chunk: Any) -> bytes:
+                # The client asked for its own model name; litellm reports the provider's.
+                chunk.model = client_model
+                data: str = chunk.model_dump_json()
+                return b"data: " + data.encode() + b"\n\n"
+
+            response = LitellmStream(
+                self._lib, stream, first, event, end=_DONE, closed=self._streams.discard
+            )
             self._streams.add(response)
             opened = True
             return response
@@ -276,7 +203,7 @@ class LitellmUpstream:
             code = "context_length_exceeded"
         elif isinstance(exc, lib.content_policy):
             code = "content_policy_violation"
-        headers = list(_JSON)
+        headers = list(JSON)
         retry_after = retry_after_of(exc)
         if retry_after is not None:
             headers.append(("retry-after", retry_after))
