@@ -9,7 +9,7 @@ The state the steps fill in is :mod:`proxy.chat.state`; the relay
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -299,14 +299,18 @@ class ChatExchange(ExchangeRelay):
         return orjson.dumps(out)
 
 
-class ChatCompletions:
-    """The endpoint, a raw ASGI app (Starlette mounts it as a route): the answer is sent
-    without Starlette's Response machinery (proxy/http/asgi.py), then recorded."""
+class ExchangeEndpoint:
+    """An endpoint of the pipeline, a raw ASGI app (Starlette mounts it as a route): each
+    request is an exchange of ``kind`` (a door's), its answer sent without Starlette's
+    Response machinery (proxy/http/asgi.py), then recorded."""
+
+    def __init__(self, kind: Callable[[Runtime, Request], ChatExchange]) -> None:
+        self.kind = kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt: Runtime = scope["app"].state.runtime
         # Pinned: a config reload mid-request must not change this request's route or policy.
-        exchange = ChatExchange(rt.pin(), Request(scope, receive, send))
+        exchange = self.kind(rt.pin(), Request(scope, receive, send))
         response = await exchange.run()
         try:
             await respond(response, receive, send)
@@ -314,4 +318,4 @@ class ChatCompletions:
             exchange.sent()
 
 
-chat_completions = ChatCompletions()
+chat_completions = ExchangeEndpoint(ChatExchange)

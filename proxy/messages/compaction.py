@@ -30,14 +30,13 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from policies.recall import reserve
 from policies.types import Decision, SummaryState
+from proxy.chat.pipeline import ExchangeEndpoint
 from proxy.context.compaction import Compaction, CompactionInput, compact, folded_turns
 from proxy.context.summaries import build_summarizer
 from proxy.context.tokens import counter_for
-from proxy.http.asgi import respond
 from proxy.http.body import parse_object, read_body
 from proxy.http.sessions import content_hash
 from proxy.messages.compaction_wire import (
@@ -331,17 +330,4 @@ class CompactingMessages(MessagesExchange):
         return record
 
 
-class Messages:
-    """The endpoint, a raw ASGI app (as chat completions: proxy/chat/pipeline.py)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt: Runtime = scope["app"].state.runtime
-        exchange = CompactingMessages(rt.pin(), Request(scope, receive, send))
-        response = await exchange.run()
-        try:
-            await respond(response, receive, send)
-        finally:
-            exchange.sent()
-
-
-messages_endpoint = Messages()
+messages_endpoint = ExchangeEndpoint(CompactingMessages)
