@@ -78,6 +78,13 @@ def check_request(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     for key in ("tools", "stop_sequences"):
         if body.get(key) is not None and not isinstance(body.get(key), list):
             raise _bad(key, "must be an array.")
+    # Objects in Anthropic's API: anything else is the client's to fix here, not a
+    # translator's crash downstream (litellm reads them as mappings).
+    for key in ("thinking", "metadata", "tool_choice"):
+        if body.get(key) is not None and not isinstance(body.get(key), dict):
+            raise _bad(key, "must be an object.")
+    if not all(isinstance(tool, dict) for tool in body.get("tools") or ()):
+        raise _bad("tools", "every tool must be an object.")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise _bad("stream", "must be a boolean.")
     for i, message in enumerate(messages):

@@ -205,4 +205,16 @@ def test_requests_litellm_cannot_translate_are_400s_not_500s(
     )
     assert empty.status_code == 400
     assert empty.json()["error"]["type"] == "invalid_request_error"
+    # Fields the API takes as objects (litellm's translator crashed on a list: the fuzz's
+    # find), and tools that are not objects: the client's error, named.
+    base = {"model": "gpt-4o", "max_tokens": 5, "messages": user}
+    for field, value, param in [
+        ("thinking", [], "thinking"),
+        ("metadata", "x", "metadata"),
+        ("tool_choice", ["auto"], "tool_choice"),
+        ("tools", [1], "tools"),
+    ]:
+        bad = httpx.post(url, json={**base, field: value}, headers=headers, timeout=60)
+        assert bad.status_code == 400, (field, bad.text)
+        assert bad.json()["error"]["message"].startswith(f"{param}:"), bad.text
     assert fake[0].received == []
